@@ -1,0 +1,40 @@
+#pragma once
+//! kvkit configuration: version and the host/device function annotations.
+
+#define KVKIT_VERSION_MAJOR 0
+#define KVKIT_VERSION_MINOR 1
+#define KVKIT_VERSION_PATCH 0
+#define KVKIT_VERSION                                                                              \
+  (KVKIT_VERSION_MAJOR * 10000 + KVKIT_VERSION_MINOR * 100 + KVKIT_VERSION_PATCH)
+
+// Value types that kernels share with the host (ids, page-table views, codec parameters) mark
+// their members KVKIT_HOST_DEVICE. The macro vanishes without a CUDA compiler, so every *.hpp
+// header builds with a plain C++20 compiler.
+#if defined(__CUDACC__)
+#define KVKIT_HOST_DEVICE __host__ __device__
+#define KVKIT_DEVICE __device__
+#else
+#define KVKIT_HOST_DEVICE
+#define KVKIT_DEVICE
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define KVKIT_IS_DEVICE_CODE 1
+#else
+#define KVKIT_IS_DEVICE_CODE 0
+#endif
+
+namespace kvkit {
+
+//! The library version as {major, minor, patch}.
+struct version_info {
+  int major;
+  int minor;
+  int patch;
+};
+
+//! The version of the kvkit headers in use.
+inline constexpr version_info version{KVKIT_VERSION_MAJOR, KVKIT_VERSION_MINOR,
+                                      KVKIT_VERSION_PATCH};
+
+} // namespace kvkit

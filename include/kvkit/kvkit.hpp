@@ -1,0 +1,11 @@
+#pragma once
+//! kvkit's host umbrella header: every host piece, no CUDA.
+
+#include "kvkit/block/block_pool.hpp"         // IWYU pragma: export
+#include "kvkit/block/block_table.hpp"        // IWYU pragma: export
+#include "kvkit/block/page_table.hpp"         // IWYU pragma: export
+#include "kvkit/block/types.hpp"              // IWYU pragma: export
+#include "kvkit/concepts/block_allocator.hpp" // IWYU pragma: export
+#include "kvkit/concepts/block_mapping.hpp"   // IWYU pragma: export
+#include "kvkit/config.hpp"                   // IWYU pragma: export
+#include "kvkit/error.hpp"                    // IWYU pragma: export

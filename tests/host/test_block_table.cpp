@@ -1,0 +1,431 @@
+#include <array>
+#include <map>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kvkit/block/block_pool.hpp"
+#include "kvkit/block/block_table.hpp"
+
+using kvkit::block_copy;
+using kvkit::block_id;
+using kvkit::block_pool;
+using kvkit::errc;
+using kvkit::seq_id;
+using kvkit::token_slot;
+
+namespace {
+
+using table_t = kvkit::block_table<block_pool>;
+
+std::vector<block_id> blocks_of(const table_t& t, seq_id s) {
+  const auto b = t.blocks(s);
+  REQUIRE(b.ok());
+  return {b->begin(), b->end()};
+}
+
+std::vector<std::int32_t> refs_of(const block_pool& p) {
+  std::vector<std::int32_t> r;
+  for (block_id i = 0; i < p.capacity(); ++i) {
+    r.push_back(p.ref_count(i));
+  }
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("append allocates blocks on demand and returns slots", "[block_table]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  CHECK(*table.num_tokens(1) == 0);
+  CHECK(blocks_of(table, 1).empty());
+
+  std::array<token_slot, 6> slots{};
+  const auto info = table.append_tokens(1, 6, slots);
+  REQUIRE(info.ok());
+  CHECK(info->num_new_blocks == 2);
+  CHECK_FALSE(info->copied);
+  CHECK(*table.num_tokens(1) == 6);
+  const auto blocks = blocks_of(table, 1);
+  REQUIRE(blocks.size() == 2);
+  for (std::int32_t t = 0; t < 6; ++t) {
+    CHECK(slots[static_cast<std::size_t>(t)] ==
+          token_slot{blocks[static_cast<std::size_t>(t / 4)], t % 4});
+  }
+  CHECK(slots[5].flat(4) == blocks[1] * 4 + 1);
+
+  // Two more tokens fill block 1 without a new allocation; the next one needs a third block.
+  std::array<token_slot, 2> two{};
+  REQUIRE(table.append_tokens(1, 2, two)->num_new_blocks == 0);
+  CHECK(two[1] == token_slot{blocks[1], 3});
+  CHECK(*table.blocks_needed(1, 1) == 1);
+  std::array<token_slot, 1> one{};
+  REQUIRE(table.append_tokens(1, 1, one)->num_new_blocks == 1);
+  CHECK(one[0].offset == 0);
+  CHECK(pool.num_used() == 3);
+}
+
+TEST_CASE("append without a slot buffer and of zero tokens", "[block_table]") {
+  block_pool pool(4);
+  table_t table(pool, 2);
+  REQUIRE(table.add_sequence(3).ok());
+  REQUIRE(table.append_tokens(3, 3, {}).ok());
+  CHECK(*table.num_tokens(3) == 3);
+  const auto info = table.append_tokens(3, 0, {});
+  REQUIRE(info.ok());
+  CHECK(info->num_new_blocks == 0);
+  CHECK(pool.num_used() == 2);
+}
+
+TEST_CASE("append errors change nothing", "[block_table]") {
+  block_pool pool(3);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 5, {}).ok()); // 2 blocks
+  const auto refs = refs_of(pool);
+  const auto blocks = blocks_of(table, 1);
+
+  std::array<token_slot, 2> small{};
+  CHECK(table.append_tokens(2, 1, {}).error() == errc::unknown_sequence);
+  CHECK(table.append_tokens(1, -1, {}).error() == errc::bad_argument);
+  CHECK(table.append_tokens(1, 3, small).error() == errc::buffer_too_small);
+  CHECK(table.append_tokens(1, 8, {}).error() == errc::out_of_blocks); // needs 2, 1 free
+  CHECK(table.blocks_needed(1, 8).value() == 2);
+  CHECK(table.blocks_needed(1, -1).error() == errc::bad_argument);
+  CHECK(table.blocks_needed(9, 1).error() == errc::unknown_sequence);
+  CHECK(table.append_tokens(1, std::numeric_limits<std::int32_t>::max(), {}).error() ==
+        errc::out_of_range);
+  CHECK(refs_of(pool) == refs);
+  CHECK(blocks_of(table, 1) == blocks);
+  CHECK(*table.num_tokens(1) == 5);
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("sequence ids must be unique and known", "[block_table]") {
+  block_pool pool(4);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(5).ok());
+  CHECK(table.add_sequence(5).error() == errc::duplicate_sequence);
+  CHECK(table.contains(5));
+  CHECK_FALSE(table.contains(6));
+  CHECK(table.num_tokens(6).error() == errc::unknown_sequence);
+  CHECK(table.blocks(6).error() == errc::unknown_sequence);
+  CHECK(table.truncate(6, 0).error() == errc::unknown_sequence);
+  CHECK(table.free(6).error() == errc::unknown_sequence);
+  CHECK(table.fork(6, 7).error() == errc::unknown_sequence);
+  CHECK(table.fork(5, 5).error() == errc::duplicate_sequence);
+  CHECK(table.num_sequences() == 1);
+}
+
+TEST_CASE("truncate releases blocks past the end", "[block_table]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 10, {}).ok()); // 3 blocks
+  const auto blocks = blocks_of(table, 1);
+
+  CHECK(table.truncate(1, 11).error() == errc::out_of_range);
+  CHECK(table.truncate(1, -1).error() == errc::bad_argument);
+  CHECK(pool.num_used() == 3);
+
+  REQUIRE(table.truncate(1, 8).ok()); // exactly two full blocks
+  CHECK(*table.num_tokens(1) == 8);
+  CHECK(blocks_of(table, 1) == std::vector<block_id>{blocks[0], blocks[1]});
+  CHECK(pool.ref_count(blocks[2]) == 0);
+  REQUIRE(table.truncate(1, 5).ok()); // into block 1: kept
+  CHECK(pool.num_used() == 2);
+  REQUIRE(table.truncate(1, 5).ok()); // no-op
+  REQUIRE(table.truncate(1, 0).ok());
+  CHECK(blocks_of(table, 1).empty());
+  CHECK(pool.num_used() == 0);
+
+  // Rolled-back slots are reused by the next append (speculative decoding rollback).
+  std::array<token_slot, 3> slots{};
+  REQUIRE(table.append_tokens(1, 3, slots).ok());
+  CHECK(slots[0].offset == 0);
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("fork shares every block without copying", "[block_table]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 8, {}).ok()); // two full blocks
+  REQUIRE(table.fork(1, 2).ok());
+  REQUIRE(table.fork(1, 3).ok());
+  CHECK(table.fork(1, 2).error() == errc::duplicate_sequence);
+  const auto blocks = blocks_of(table, 1);
+  CHECK(blocks_of(table, 2) == blocks);
+  CHECK(*table.num_tokens(3) == 8);
+  CHECK(pool.ref_count(blocks[0]) == 3);
+  CHECK(pool.num_used() == 2);
+
+  // Appends after a block boundary need no copy: each child gets its own new block.
+  std::array<token_slot, 1> a{};
+  std::array<token_slot, 1> b{};
+  REQUIRE_FALSE(table.append_tokens(2, 1, a)->copied);
+  REQUIRE_FALSE(table.append_tokens(3, 1, b)->copied);
+  CHECK(a[0].block != b[0].block);
+  CHECK(pool.num_used() == 4);
+
+  REQUIRE(table.free(1).ok());
+  CHECK(pool.ref_count(blocks[0]) == 2);
+  REQUIRE(table.free(2).ok());
+  REQUIRE(table.free(3).ok());
+  CHECK(pool.num_free() == 8);
+}
+
+TEST_CASE("appending into a shared partial block copies it first", "[block_table]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 6, {}).ok()); // block 1 holds 2 tokens
+  REQUIRE(table.fork(1, 2).ok());
+  const auto shared = blocks_of(table, 1);
+  CHECK(*table.blocks_needed(2, 1) == 1);
+
+  std::array<token_slot, 1> slot{};
+  const auto info = table.append_tokens(2, 1, slot);
+  REQUIRE(info.ok());
+  REQUIRE(info->copied);
+  CHECK(info->num_new_blocks == 1);
+  CHECK(info->copy.src == shared[1]);
+  CHECK(info->copy.dst != shared[1]);
+  CHECK(slot[0] == token_slot{info->copy.dst, 2}); // writes land after the copied tokens
+  CHECK(blocks_of(table, 2) == std::vector<block_id>{shared[0], info->copy.dst});
+  CHECK(blocks_of(table, 1) == shared);
+  CHECK(pool.ref_count(shared[1]) == 1);
+  CHECK(pool.ref_count(shared[0]) == 2);
+
+  // The parent now owns its last block alone: no further copy.
+  std::array<token_slot, 1> parent{};
+  const auto own = table.append_tokens(1, 1, parent);
+  REQUIRE(own.ok());
+  CHECK_FALSE(own->copied);
+  CHECK(parent[0] == token_slot{shared[1], 2});
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("copy on write is all or nothing when the pool is exhausted", "[block_table]") {
+  block_pool pool(2);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 6, {}).ok()); // uses both blocks
+  REQUIRE(table.fork(1, 2).ok());
+  const auto refs = refs_of(pool);
+  CHECK(table.append_tokens(2, 1, {}).error() == errc::out_of_blocks);
+  CHECK(refs_of(pool) == refs);
+  CHECK(blocks_of(table, 2) == blocks_of(table, 1));
+  CHECK(*table.num_tokens(2) == 6);
+}
+
+TEST_CASE("the destructor releases every block", "[block_table]") {
+  block_pool pool(8);
+  {
+    table_t table(pool, 2);
+    REQUIRE(table.add_sequence(1).ok());
+    REQUIRE(table.append_tokens(1, 7, {}).ok());
+    REQUIRE(table.fork(1, 2).ok());
+    table_t moved(std::move(table));
+    CHECK(moved.num_sequences() == 2);
+    CHECK(pool.num_used() == 4);
+  }
+  CHECK(pool.num_free() == 8);
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("freed sequence ids can be reused", "[block_table]") {
+  block_pool pool(4);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 5, {}).ok());
+  REQUIRE(table.free(1).ok());
+  CHECK_FALSE(table.contains(1));
+  REQUIRE(table.add_sequence(1).ok());
+  CHECK(*table.num_tokens(1) == 0);
+  CHECK(blocks_of(table, 1).empty());
+  CHECK(pool.num_free() == 4);
+}
+
+TEST_CASE("CSR export matches each sequence's blocks", "[block_table]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  const std::array<std::int32_t, 4> lens{5, 0, 8, 1};
+  for (seq_id s = 0; s < 4; ++s) {
+    REQUIRE(table.add_sequence(s).ok());
+    REQUIRE(table.append_tokens(s, lens[s], {}).ok());
+  }
+  const std::array<seq_id, 4> batch{2, 0, 1, 3};
+  CHECK(*table.csr_size(batch) == 2 + 2 + 0 + 1);
+
+  std::array<std::int32_t, 5> indptr{};
+  std::array<std::int32_t, 5> indices{};
+  std::array<std::int32_t, 4> last{};
+  REQUIRE(table.export_csr(batch, indptr, indices, last).ok());
+  CHECK(indptr == std::array<std::int32_t, 5>{0, 2, 4, 4, 5});
+  CHECK(last == std::array<std::int32_t, 4>{4, 1, 0, 1});
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    const auto blocks = blocks_of(table, batch[b]);
+    const std::vector<block_id> exported(indices.begin() + indptr[b],
+                                         indices.begin() + indptr[b + 1]);
+    CHECK(exported == blocks);
+  }
+}
+
+TEST_CASE("CSR export rejects small buffers and unknown sequences", "[block_table]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 9, {}).ok()); // 3 blocks
+  const std::array<seq_id, 1> batch{1};
+  const std::array<seq_id, 2> unknown{1, 4};
+  std::array<std::int32_t, 2> indptr{};
+  std::array<std::int32_t, 2> small_indices{};
+  std::array<std::int32_t, 3> indices{};
+  std::array<std::int32_t, 1> last{};
+  std::array<std::int32_t, 1> short_indptr{};
+  CHECK(table.export_csr(batch, indptr, small_indices, last).error() == errc::buffer_too_small);
+  CHECK(table.export_csr(batch, short_indptr, indices, last).error() == errc::buffer_too_small);
+  CHECK(table.export_csr(batch, indptr, indices, std::span<std::int32_t>{}).error() ==
+        errc::buffer_too_small);
+  std::array<std::int32_t, 3> indptr3{};
+  std::array<std::int32_t, 2> last2{};
+  CHECK(table.export_csr(unknown, indptr3, indices, last2).error() == errc::unknown_sequence);
+  CHECK(table.csr_size(unknown).error() == errc::unknown_sequence);
+  REQUIRE(table.export_csr(batch, indptr, indices, last).ok());
+  CHECK(last[0] == 1);
+  // An empty batch exports indptr = {0}.
+  CHECK(table.export_csr({}, indptr, indices, last).ok());
+  CHECK(indptr[0] == 0);
+}
+
+TEST_CASE("padded export pads rows and reports lengths", "[block_table]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(10).ok());
+  REQUIRE(table.add_sequence(11).ok());
+  REQUIRE(table.append_tokens(10, 9, {}).ok());
+  REQUIRE(table.append_tokens(11, 2, {}).ok());
+  const std::array<seq_id, 2> batch{10, 11};
+  std::array<std::int32_t, 8> rows{};
+  std::array<std::int32_t, 2> lens{};
+  REQUIRE(table.export_block_table(batch, 4, rows, lens, -1).ok());
+  const auto a = blocks_of(table, 10);
+  const auto b = blocks_of(table, 11);
+  CHECK(rows == std::array<std::int32_t, 8>{a[0], a[1], a[2], -1, b[0], -1, -1, -1});
+  CHECK(lens == std::array<std::int32_t, 2>{9, 2});
+
+  CHECK(table.export_block_table(batch, 2, rows, lens).error() == errc::buffer_too_small);
+  CHECK(table.export_block_table(batch, 5, rows, lens).error() == errc::buffer_too_small);
+  CHECK(table.export_block_table(batch, -1, rows, lens).error() == errc::bad_argument);
+  std::array<std::int32_t, 1> one_len{};
+  CHECK(table.export_block_table(batch, 4, rows, one_len).error() == errc::buffer_too_small);
+  const std::array<seq_id, 1> unknown{12};
+  CHECK(table.export_block_table(unknown, 4, rows, lens).error() == errc::unknown_sequence);
+}
+
+TEST_CASE("slot mapping lists the flat slots of each sequence's last tokens", "[block_table]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.add_sequence(2).ok());
+  std::array<token_slot, 6> s1{};
+  std::array<token_slot, 3> s2{};
+  REQUIRE(table.append_tokens(1, 6, s1).ok());
+  REQUIRE(table.append_tokens(2, 3, s2).ok());
+
+  const std::array<seq_id, 2> batch{1, 2};
+  const std::array<std::int32_t, 2> query_lens{3, 1}; // e.g. a prefill chunk and a decode
+  std::array<std::int64_t, 4> mapping{};
+  REQUIRE(table.export_slot_mapping(batch, query_lens, mapping).ok());
+  CHECK(mapping ==
+        std::array<std::int64_t, 4>{s1[3].flat(4), s1[4].flat(4), s1[5].flat(4), s2[2].flat(4)});
+
+  const std::array<std::int32_t, 2> too_long{7, 1};
+  const std::array<std::int32_t, 2> negative{-1, 1};
+  const std::array<std::int32_t, 1> short_lens{1};
+  std::array<std::int64_t, 3> small{};
+  CHECK(table.export_slot_mapping(batch, too_long, mapping).error() == errc::out_of_range);
+  CHECK(table.export_slot_mapping(batch, negative, mapping).error() == errc::bad_argument);
+  CHECK(table.export_slot_mapping(batch, short_lens, mapping).error() == errc::bad_argument);
+  const std::array<std::int32_t, 2> four{3, 1};
+  const std::array<std::int32_t, 2> five{4, 1};
+  CHECK(table.export_slot_mapping(batch, four, small).error() == errc::buffer_too_small);
+  CHECK(table.export_slot_mapping(batch, five, mapping).error() == errc::buffer_too_small);
+  const std::array<seq_id, 1> unknown{3};
+  CHECK(table.export_slot_mapping(unknown, query_lens, mapping).error() == errc::unknown_sequence);
+}
+
+namespace {
+
+// A different allocator behind the same concept: ids from a sorted free set, counts in a map.
+class map_allocator {
+public:
+  explicit map_allocator(std::int32_t capacity) : capacity_(capacity) {
+    for (block_id i = capacity - 1; i >= 0; --i) {
+      free_.push_back(i);
+    }
+  }
+  kvkit::status allocate(std::span<block_id> out) {
+    if (out.size() > free_.size()) {
+      return errc::out_of_blocks;
+    }
+    for (block_id& id : out) {
+      id = free_.back();
+      free_.pop_back();
+      refs_[id] = 1;
+    }
+    return {};
+  }
+  kvkit::status retain(block_id id) {
+    const auto it = refs_.find(id);
+    if (it == refs_.end()) {
+      return errc::invalid_block;
+    }
+    ++it->second;
+    return {};
+  }
+  kvkit::status release(block_id id) {
+    const auto it = refs_.find(id);
+    if (it == refs_.end()) {
+      return errc::double_release;
+    }
+    if (--it->second == 0) {
+      refs_.erase(it);
+      free_.push_back(id);
+    }
+    return {};
+  }
+  std::int32_t ref_count(block_id id) const {
+    const auto it = refs_.find(id);
+    return it == refs_.end() ? 0 : it->second;
+  }
+  std::int32_t num_free() const { return static_cast<std::int32_t>(free_.size()); }
+  std::int32_t capacity() const { return capacity_; }
+
+private:
+  std::int32_t capacity_;
+  std::vector<block_id> free_;
+  std::map<block_id, std::int32_t> refs_;
+};
+
+static_assert(kvkit::block_allocator<map_allocator>);
+
+} // namespace
+
+TEST_CASE("block_table works over any block_allocator", "[block_table]") {
+  map_allocator alloc(4);
+  kvkit::block_table<map_allocator> table(alloc, 2);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 3, {}).ok());
+  REQUIRE(table.fork(1, 2).ok());
+  const auto info = table.append_tokens(2, 1, {});
+  REQUIRE(info.ok());
+  CHECK(info->copied);
+  CHECK(alloc.num_free() == 1);
+  CHECK(table.append_tokens(1, 5, {}).error() == errc::out_of_blocks);
+  REQUIRE(table.free(1).ok());
+  REQUIRE(table.free(2).ok());
+  CHECK(alloc.num_free() == 4);
+}
