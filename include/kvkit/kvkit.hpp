@@ -6,6 +6,12 @@
 #include "kvkit/block/page_table.hpp"         // IWYU pragma: export
 #include "kvkit/block/types.hpp"              // IWYU pragma: export
 #include "kvkit/concepts/block_allocator.hpp" // IWYU pragma: export
+#include "kvkit/concepts/block_hasher.hpp"    // IWYU pragma: export
 #include "kvkit/concepts/block_mapping.hpp"   // IWYU pragma: export
+#include "kvkit/concepts/eviction_policy.hpp" // IWYU pragma: export
+#include "kvkit/concepts/prefix_index.hpp"    // IWYU pragma: export
 #include "kvkit/config.hpp"                   // IWYU pragma: export
 #include "kvkit/error.hpp"                    // IWYU pragma: export
+#include "kvkit/prefix/eviction.hpp"          // IWYU pragma: export
+#include "kvkit/prefix/prefix_cache.hpp"      // IWYU pragma: export
+#include "kvkit/prefix/xxh3_hasher.hpp"       // IWYU pragma: export

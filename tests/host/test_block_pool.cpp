@@ -218,3 +218,37 @@ TEST_CASE("a pool can be moved", "[block_pool]") {
   CHECK(b.num_free() == 3);
   CHECK(b.check_consistency());
 }
+
+TEST_CASE("eviction levels: lower levels are reclaimed first, LRU within a level", "[block_pool]") {
+  block_pool pool(6, 3);
+  CHECK(pool.num_eviction_levels() == 3);
+  std::array<block_id, 6> ids{};
+  REQUIRE(pool.allocate(ids).ok());
+  const std::array<std::int32_t, 5> levels{2, 0, 1, 0, 2};
+  for (std::size_t i = 0; i < levels.size(); ++i) {
+    REQUIRE(pool.set_cached(ids[i], true, levels[i]).ok());
+    CHECK(pool.eviction_level(ids[i]) == levels[i]);
+  }
+  CHECK(pool.set_cached(ids[5], true, 3).error() == errc::bad_argument);
+  CHECK(pool.set_cached(ids[5], true, -1).error() == errc::bad_argument);
+  CHECK_FALSE(pool.is_cached(ids[5]));
+  for (std::size_t i = 0; i < 5; ++i) {
+    REQUIRE(pool.release(ids[i]).ok());
+  }
+  CHECK(pool.check_consistency());
+  // Order: level 0 (ids[1], ids[3]), level 1 (ids[2]), level 2 (ids[0], ids[4]).
+  std::vector<block_id> order;
+  for (block_id b = pool.evictable_front(); b != kvkit::invalid_block_id;
+       b = pool.evictable_next(b)) {
+    order.push_back(b);
+  }
+  CHECK(order == std::vector<block_id>{ids[1], ids[3], ids[2], ids[0], ids[4]});
+  REQUIRE(pool.release(ids[5]).ok()); // the one free block goes first
+  std::vector<block_id> reclaimed(6);
+  REQUIRE(pool.allocate(reclaimed).ok());
+  CHECK(reclaimed == std::vector<block_id>{ids[5], ids[1], ids[3], ids[2], ids[0], ids[4]});
+  CHECK(pool.eviction_level(ids[0]) == 0);
+  CHECK(pool.check_consistency());
+  CHECK(block_pool(4, 99).num_eviction_levels() == block_pool::max_eviction_levels);
+  CHECK(block_pool(4, 0).num_eviction_levels() == 1);
+}

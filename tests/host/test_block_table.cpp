@@ -429,3 +429,43 @@ TEST_CASE("block_table works over any block_allocator", "[block_table]") {
   REQUIRE(table.free(2).ok());
   CHECK(alloc.num_free() == 4);
 }
+
+TEST_CASE("adopt_sequence takes over references the caller holds", "[block_table]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  std::array<block_id, 2> held{};
+  REQUIRE(pool.allocate(held).ok());
+  const auto refs = refs_of(pool);
+  CHECK(table.adopt_sequence(1, held, 9).error() == errc::bad_argument); // 9 tokens need 3
+  CHECK(table.adopt_sequence(1, held, 4).error() == errc::bad_argument); // 4 tokens need 1
+  CHECK(table.adopt_sequence(1, held, -1).error() == errc::bad_argument);
+  const std::array<block_id, 2> freed{held[0], 7};
+  CHECK(table.adopt_sequence(1, freed, 6).error() == errc::invalid_block);
+  CHECK(refs_of(pool) == refs);
+  REQUIRE(table.adopt_sequence(1, held, 6).ok());
+  CHECK(table.adopt_sequence(1, held, 6).error() == errc::duplicate_sequence);
+  CHECK(*table.num_tokens(1) == 6);
+  CHECK(blocks_of(table, 1) == std::vector<block_id>(held.begin(), held.end()));
+  CHECK(refs_of(pool) == refs); // no new references: the table owns the caller's
+  REQUIRE(table.free(1).ok());
+  CHECK(pool.num_free() == 8);
+}
+
+TEST_CASE("a published block is copied before a write even with one holder", "[block_table]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 8, {}).ok());
+  const auto blocks = blocks_of(table, 1);
+  REQUIRE(pool.set_cached(blocks[1], true).ok()); // a prefix cache published block 1
+  REQUIRE(table.truncate(1, 6).ok());             // speculative rollback into it
+  std::array<token_slot, 1> slot{};
+  const auto info = table.append_tokens(1, 1, slot);
+  REQUIRE(info.ok());
+  CHECK(info->copied);
+  CHECK(info->copy.src == blocks[1]);
+  CHECK(slot[0] == token_slot{info->copy.dst, 2});
+  CHECK(pool.ref_count(blocks[1]) == 0); // evictable, its contents intact
+  CHECK(pool.num_evictable() == 1);
+  CHECK(pool.check_consistency());
+}

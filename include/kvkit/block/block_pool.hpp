@@ -1,8 +1,9 @@
 #pragma once
-//! block_pool: a fixed-capacity pool of reference-counted KV blocks with an LRU list of cached,
-//! unreferenced blocks that are reclaimed lazily.
+//! block_pool: a fixed-capacity pool of reference-counted KV blocks whose cached, unreferenced
+//! blocks stay evictable (LRU within eviction levels) and are reclaimed lazily.
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cstdint>
 #include <limits>
@@ -21,10 +22,15 @@ namespace kvkit {
 //!  - *free*: reference count 0, holds nothing anyone wants; on the free stack.
 //!  - *in use*: reference count > 0.
 //!  - *evictable*: reference count 0 but marked cached (a prefix cache published its contents).
-//!    It stays on the evictable list, least recently released first, with its contents intact, so
-//!    a later prefix hit can `retain` it back into use. `allocate` takes free blocks first and
-//!    reclaims evictable ones only when none are free, oldest first, telling the cache through the
-//!    eviction callback just before the block is handed out again.
+//!    It stays on an evictable list with its contents intact, so a later prefix hit can `retain`
+//!    it back into use. `allocate` takes free blocks first and reclaims evictable ones only when
+//!    none are free, telling the cache through the eviction callback just before the block is
+//!    handed out again.
+//!
+//! Evictable blocks are ordered by eviction level, then by release time: every block of level 0
+//! goes before any block of level 1, and within a level the least recently released goes first
+//! (LRU). An eviction policy chooses each cached block's level through `set_cached`; with one
+//! level (the default) the pool is a plain LRU.
 //!
 //! Every operation is O(1) per block and allocation-free after construction. Not thread-safe.
 //! Failed operations return an error code and leave the pool unchanged.
@@ -33,10 +39,15 @@ public:
   //! Called with a cached block just before `allocate` reclaims it; the cache must drop its key.
   using eviction_callback = void (*)(void* context, block_id id) noexcept;
 
-  //! A pool of `capacity` free blocks (a negative capacity is taken as 0).
-  explicit block_pool(std::int32_t capacity)
+  //! Most eviction levels a pool supports.
+  static constexpr std::int32_t max_eviction_levels = 8;
+
+  //! A pool of `capacity` free blocks (a negative capacity is taken as 0) that orders cached
+  //! blocks in `num_eviction_levels` levels (clamped to 1 .. max_eviction_levels).
+  explicit block_pool(std::int32_t capacity, std::int32_t num_eviction_levels = 1)
       : meta_(static_cast<std::size_t>(std::max(capacity, 0))),
-        free_(static_cast<std::size_t>(std::max(capacity, 0))), free_top_(std::max(capacity, 0)) {
+        free_(static_cast<std::size_t>(std::max(capacity, 0))), free_top_(std::max(capacity, 0)),
+        num_levels_(std::clamp(num_eviction_levels, 1, max_eviction_levels)) {
     // Ids come out in increasing order from a fresh pool: easier to read in logs and tests.
     for (std::int32_t i = 0; i < free_top_; ++i) {
       free_[static_cast<std::size_t>(i)] = free_top_ - 1 - i;
@@ -91,8 +102,8 @@ public:
     return {};
   }
 
-  //! Drops a reference. At zero a cached block becomes evictable (most recently released last in
-  //! line for reuse) and any other block becomes free.
+  //! Drops a reference. At zero a cached block becomes evictable (last in line for reuse within
+  //! its level) and any other block becomes free.
   [[nodiscard]] status release(block_id id) noexcept {
     if (!contains(id)) {
       return errc::invalid_block;
@@ -129,12 +140,16 @@ public:
     return static_cast<std::uint32_t>(id) < static_cast<std::uint32_t>(meta_.size());
   }
 
-  //! Marks a block in use as cached (its contents are published) or clears the mark. Clearing
-  //! the mark of an evictable block frees it at once. errc::invalid_block for an id outside the
-  //! pool, for marking a block that is not in use, and for clearing the mark of a free block.
-  [[nodiscard]] status set_cached(block_id id, bool cached) noexcept {
+  //! Marks a block in use as cached (its contents are published) with an eviction `level`, or
+  //! clears the mark. Clearing the mark of an evictable block frees it at once. Errors:
+  //! invalid_block for an id outside the pool, for marking a block that is not in use and for
+  //! clearing the mark of a free block; bad_argument for a level outside 0 .. levels-1.
+  [[nodiscard]] status set_cached(block_id id, bool cached, std::int32_t level = 0) noexcept {
     if (!contains(id)) {
       return errc::invalid_block;
+    }
+    if (level < 0 || level >= num_levels_) {
+      return errc::bad_argument;
     }
     block_meta& m = meta_[static_cast<std::size_t>(id)];
     if (m.ref == 0) {
@@ -143,10 +158,12 @@ public:
       }
       unlink(id);
       m.cached = false;
+      m.level = 0;
       free_[static_cast<std::size_t>(free_top_++)] = id;
       return {};
     }
     m.cached = cached;
+    m.level = static_cast<std::uint8_t>(cached ? level : 0);
     return {};
   }
 
@@ -154,12 +171,21 @@ public:
   [[nodiscard]] bool is_cached(block_id id) const noexcept {
     return contains(id) && meta_[static_cast<std::size_t>(id)].cached;
   }
+  //! The eviction level of a cached block (0 for any other block or id).
+  [[nodiscard]] std::int32_t eviction_level(block_id id) const noexcept {
+    return contains(id) ? meta_[static_cast<std::size_t>(id)].level : 0;
+  }
+  [[nodiscard]] std::int32_t num_eviction_levels() const noexcept { return num_levels_; }
 
   //! The evictable block `allocate` would reclaim first, or invalid_block_id when there is none.
-  [[nodiscard]] block_id evictable_front() const noexcept { return lru_head_; }
-  //! The evictable block reclaimed after `id`, or invalid_block_id after the last one.
+  [[nodiscard]] block_id evictable_front() const noexcept { return first_evictable_from(0); }
+  //! The evictable block reclaimed after evictable block `id`, or invalid_block_id after the last.
   [[nodiscard]] block_id evictable_next(block_id id) const noexcept {
-    return contains(id) ? meta_[static_cast<std::size_t>(id)].next : invalid_block_id;
+    if (!contains(id)) {
+      return invalid_block_id;
+    }
+    const block_meta& m = meta_[static_cast<std::size_t>(id)];
+    return m.next != invalid_block_id ? m.next : first_evictable_from(m.level + 1);
   }
 
   //! Installs the callback told about each cached block that `allocate` reclaims (nullptr: none).
@@ -174,7 +200,7 @@ public:
   [[nodiscard]] std::int64_t num_revivals() const noexcept { return num_revivals_; }
 
   //! O(capacity) self-check of every internal invariant, for tests and debug builds: each block
-  //! is in exactly one state, the free stack and evictable list hold exactly the free and
+  //! is in exactly one state, the free stack and evictable lists hold exactly the free and
   //! evictable blocks, and the counts agree.
   [[nodiscard]] bool check_consistency() const {
     const auto n = meta_.size();
@@ -191,20 +217,26 @@ public:
       seen[static_cast<std::size_t>(id)] = 1;
     }
     std::int32_t count = 0;
-    block_id prev = invalid_block_id;
-    for (block_id id = lru_head_; id != invalid_block_id;
-         id = meta_[static_cast<std::size_t>(id)].next) {
-      if (!contains(id) || seen[static_cast<std::size_t>(id)] != 0 || ++count > num_evictable_) {
+    for (std::int32_t level = 0; level < max_eviction_levels; ++level) {
+      const list& l = lists_[static_cast<std::size_t>(level)];
+      block_id prev = invalid_block_id;
+      for (block_id id = l.head; id != invalid_block_id;
+           id = meta_[static_cast<std::size_t>(id)].next) {
+        if (!contains(id) || seen[static_cast<std::size_t>(id)] != 0 || ++count > num_evictable_) {
+          return false;
+        }
+        const block_meta& m = meta_[static_cast<std::size_t>(id)];
+        if (m.ref != 0 || !m.cached || m.prev != prev || m.level != level) {
+          return false;
+        }
+        seen[static_cast<std::size_t>(id)] = 2;
+        prev = id;
+      }
+      if (prev != l.tail || (level >= num_levels_ && l.head != invalid_block_id)) {
         return false;
       }
-      const block_meta& m = meta_[static_cast<std::size_t>(id)];
-      if (m.ref != 0 || !m.cached || m.prev != prev) {
-        return false;
-      }
-      seen[static_cast<std::size_t>(id)] = 2;
-      prev = id;
     }
-    if (count != num_evictable_ || prev != lru_tail_) {
+    if (count != num_evictable_) {
       return false;
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -221,17 +253,35 @@ private:
     block_id prev = invalid_block_id; // evictable list links, valid while evictable
     block_id next = invalid_block_id;
     bool cached = false;
+    std::uint8_t level = 0; // eviction level while cached
   };
+
+  struct list {
+    block_id head = invalid_block_id; // next to reclaim
+    block_id tail = invalid_block_id; // most recently released
+  };
+
+  [[nodiscard]] block_id first_evictable_from(std::int32_t level) const noexcept {
+    for (; level < num_levels_; ++level) {
+      const block_id head = lists_[static_cast<std::size_t>(level)].head;
+      if (head != invalid_block_id) {
+        return head;
+      }
+    }
+    return invalid_block_id;
+  }
 
   block_id take_one() noexcept {
     block_id id;
     if (free_top_ > 0) {
       id = free_[static_cast<std::size_t>(--free_top_)];
     } else {
-      id = lru_head_;
+      id = first_evictable_from(0);
       assert(id != invalid_block_id);
       unlink(id);
-      meta_[static_cast<std::size_t>(id)].cached = false;
+      block_meta& m = meta_[static_cast<std::size_t>(id)];
+      m.cached = false;
+      m.level = 0;
       ++num_evictions_;
       if (on_evict_ != nullptr) {
         on_evict_(evict_context_, id);
@@ -243,28 +293,30 @@ private:
 
   void link_back(block_id id) noexcept {
     block_meta& m = meta_[static_cast<std::size_t>(id)];
-    m.prev = lru_tail_;
+    list& l = lists_[m.level];
+    m.prev = l.tail;
     m.next = invalid_block_id;
-    if (lru_tail_ != invalid_block_id) {
-      meta_[static_cast<std::size_t>(lru_tail_)].next = id;
+    if (l.tail != invalid_block_id) {
+      meta_[static_cast<std::size_t>(l.tail)].next = id;
     } else {
-      lru_head_ = id;
+      l.head = id;
     }
-    lru_tail_ = id;
+    l.tail = id;
     ++num_evictable_;
   }
 
   void unlink(block_id id) noexcept {
     block_meta& m = meta_[static_cast<std::size_t>(id)];
+    list& l = lists_[m.level];
     if (m.prev != invalid_block_id) {
       meta_[static_cast<std::size_t>(m.prev)].next = m.next;
     } else {
-      lru_head_ = m.next;
+      l.head = m.next;
     }
     if (m.next != invalid_block_id) {
       meta_[static_cast<std::size_t>(m.next)].prev = m.prev;
     } else {
-      lru_tail_ = m.prev;
+      l.tail = m.prev;
     }
     m.prev = invalid_block_id;
     m.next = invalid_block_id;
@@ -274,8 +326,8 @@ private:
   std::vector<block_meta> meta_; // [capacity]
   std::vector<block_id> free_;   // [capacity], free stack in [0, free_top_)
   std::int32_t free_top_ = 0;
-  block_id lru_head_ = invalid_block_id; // next evictable block to reclaim
-  block_id lru_tail_ = invalid_block_id; // most recently released evictable block
+  std::array<list, max_eviction_levels> lists_{}; // evictable blocks, one LRU list per level
+  std::int32_t num_levels_ = 1;
   std::int32_t num_evictable_ = 0;
   std::int64_t num_evictions_ = 0;
   std::int64_t num_revivals_ = 0;

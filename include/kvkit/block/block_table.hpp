@@ -3,6 +3,7 @@
 //! with copy-on-write appends, truncation, forks and page-table export for kernels.
 
 #include <cassert>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -24,8 +25,9 @@ namespace kvkit {
 //! Each block a sequence lists is one reference in the allocator: `fork` shares blocks by adding
 //! references, `truncate` and `free` drop them (tail first, so a cache that reclaims the least
 //! recently released block first gives up the end of a chain before its head). Appending into a
-//! partly filled block that another sequence also holds moves this sequence onto a fresh block and
-//! reports the `(src, dst)` copy the engine runs before attention (copy-on-write).
+//! partly filled block that another sequence also holds, or whose contents a prefix cache published
+//! (when the allocator has `is_cached`, as block_pool does), moves this sequence onto a fresh block
+//! and reports the `(src, dst)` copy the engine runs before attention (copy-on-write).
 //!
 //! The allocator must outlive the table; the table's destructor releases every block it holds.
 //! Failed operations return an error code and change nothing. Not thread-safe.
@@ -95,6 +97,32 @@ public:
       return errc::duplicate_sequence;
     }
     index_.emplace(s, take_record());
+    return {};
+  }
+
+  //! Adds sequence `s` made of `blocks` holding `num_tokens` tokens, taking over one reference
+  //! to each block that the caller already holds (a prefix-cache match retains them). The last
+  //! block may be partly filled and shared: the first append copies it. Errors (the caller keeps
+  //! its references): duplicate_sequence; bad_argument when `num_tokens` < 0 or `blocks` is not
+  //! exactly the blocks that many tokens fill; invalid_block for a block not in use.
+  [[nodiscard]] status adopt_sequence(seq_id s, std::span<const block_id> blocks,
+                                      std::int32_t num_tokens) {
+    if (contains(s)) {
+      return errc::duplicate_sequence;
+    }
+    if (num_tokens < 0 ||
+        blocks.size() != static_cast<std::size_t>(blocks_for_tokens(num_tokens, block_size_))) {
+      return errc::bad_argument;
+    }
+    for (const block_id b : blocks) {
+      if (allocator_->ref_count(b) <= 0) {
+        return errc::invalid_block;
+      }
+    }
+    const std::size_t slot = take_record();
+    seqs_[slot].blocks.assign(blocks.begin(), blocks.end());
+    seqs_[slot].num_tokens = num_tokens;
+    index_.emplace(s, slot);
     return {};
   }
 
@@ -348,10 +376,21 @@ private:
     plan g;
     g.new_blocks = blocks_for_tokens(q.num_tokens + n, block_size_) -
                    static_cast<std::int32_t>(q.blocks.size());
-    // Only the partly filled last block is ever written into; full blocks are immutable.
-    g.copy_on_write =
-        n > 0 && q.num_tokens % block_size_ != 0 && allocator_->ref_count(q.blocks.back()) > 1;
+    // Only the partly filled last block is ever written into. It is copied first when another
+    // sequence holds it too, or when a prefix cache published its contents (which must stay).
+    g.copy_on_write = n > 0 && q.num_tokens % block_size_ != 0 && !writable(q.blocks.back());
     return g;
+  }
+
+  [[nodiscard]] bool writable(block_id b) const noexcept {
+    if constexpr (requires(const Allocator& a) {
+                    { a.is_cached(b) } -> std::convertible_to<bool>;
+                  }) {
+      if (allocator_->is_cached(b)) {
+        return false;
+      }
+    }
+    return allocator_->ref_count(b) == 1;
   }
 
   [[nodiscard]] const sequence* find(seq_id s) const noexcept {

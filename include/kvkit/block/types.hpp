@@ -19,6 +19,9 @@ inline constexpr block_id invalid_block_id = -1;
 //! A caller-chosen sequence (request) id.
 using seq_id = std::uint64_t;
 
+//! A token id of the model's vocabulary.
+using token_id = std::int32_t;
+
 //! Where one token's K/V lives: a block and the token's offset inside it.
 struct token_slot {
   block_id block;

@@ -29,6 +29,9 @@ struct append_info {
 //!  - `cm.blocks_needed(s, n)` -> `result<std::int32_t>`: blocks `append_tokens(s, n, ...)` would
 //!    allocate now, the copy-on-write block included.
 //!  - `m.add_sequence(s)` -> `status`: a new empty sequence (`errc::duplicate_sequence`).
+//!  - `m.adopt_sequence(s, cblocks, n)` -> `status`: a new sequence of `n` tokens made of
+//!    `cblocks` (a `std::span<const block_id>`), taking over one reference to each that the caller
+//!    holds (a prefix-cache match).
 //!  - `m.append_tokens(s, n, slots)` -> `result<append_info>`: grows `s` by `n` tokens, allocating
 //!    blocks as needed, and writes each new token's slot into `slots` (when it is not empty). A
 //!    write into a block shared with another sequence first moves the sequence onto a fresh copy
@@ -49,13 +52,14 @@ template <class M>
 concept block_mapping = requires(M& m, const M& cm, seq_id s, std::int32_t n,
                                  std::span<token_slot> slots, std::span<const seq_id> batch,
                                  std::span<std::int32_t> i32, std::span<const std::int32_t> ci32,
-                                 std::span<std::int64_t> i64) {
+                                 std::span<std::int64_t> i64, std::span<const block_id> cblocks) {
   { cm.block_size() } -> std::same_as<std::int32_t>;
   { cm.contains(s) } -> std::same_as<bool>;
   { cm.num_tokens(s) } -> std::same_as<result<std::int32_t>>;
   { cm.blocks(s) } -> std::same_as<result<std::span<const block_id>>>;
   { cm.blocks_needed(s, n) } -> std::same_as<result<std::int32_t>>;
   { m.add_sequence(s) } -> std::same_as<status>;
+  { m.adopt_sequence(s, cblocks, n) } -> std::same_as<status>;
   { m.append_tokens(s, n, slots) } -> std::same_as<result<append_info>>;
   { m.truncate(s, n) } -> std::same_as<status>;
   { m.fork(s, s) } -> std::same_as<status>;

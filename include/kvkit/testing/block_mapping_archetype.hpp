@@ -32,6 +32,10 @@ public:
     return errc::unknown_sequence;
   }
   [[nodiscard]] status add_sequence(seq_id /*s*/) noexcept { return errc::out_of_blocks; }
+  [[nodiscard]] status adopt_sequence(seq_id /*s*/, std::span<const block_id> /*blocks*/,
+                                      std::int32_t /*num_tokens*/) noexcept {
+    return errc::bad_argument;
+  }
   [[nodiscard]] result<append_info> append_tokens(seq_id /*s*/, std::int32_t /*n*/,
                                                   std::span<token_slot> /*slots*/) noexcept {
     return errc::unknown_sequence;

@@ -1,0 +1,620 @@
+#pragma once
+//! prefix_cache: finds the longest already-computed prefix of a prompt among published KV blocks,
+//! so a request that shares a prefix with earlier ones skips that part of its prefill.
+
+#include <algorithm>
+#include <cassert>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvkit/block/block_pool.hpp"
+#include "kvkit/block/types.hpp"
+#include "kvkit/concepts/block_hasher.hpp"
+#include "kvkit/concepts/block_mapping.hpp"
+#include "kvkit/concepts/eviction_policy.hpp"
+#include "kvkit/concepts/prefix_index.hpp"
+#include "kvkit/error.hpp"
+#include "kvkit/prefix/detail/key_map.hpp"
+#include "kvkit/prefix/eviction.hpp"
+#include "kvkit/prefix/xxh3_hasher.hpp"
+
+namespace kvkit {
+
+//! Options of a prefix_cache.
+struct prefix_cache_options {
+  //! Let a match end inside a block: a prompt that shares only part of a cached block (a system
+  //! prompt that is not block-aligned) shares that block up to where the tokens differ, and the
+  //! block table copies it on the first write. Finished sequences then also publish their partly
+  //! filled last block.
+  bool share_partial_blocks = false;
+  //! Shortest partial share worth a page copy.
+  std::int32_t min_partial_tokens = 1;
+  //! Record block stored / removed events for `take_events` (for KV-aware routers).
+  bool record_events = false;
+};
+
+//! Counters of a prefix_cache since construction.
+struct prefix_cache_stats {
+  std::int64_t queries = 0;        //!< match calls
+  std::int64_t query_tokens = 0;   //!< prompt tokens of those calls
+  std::int64_t hit_tokens = 0;     //!< prompt tokens served from cache
+  std::int64_t hit_blocks = 0;     //!< blocks matched
+  std::int64_t partial_hits = 0;   //!< matches whose last block was shared partly
+  std::int64_t stored_blocks = 0;  //!< blocks published
+  std::int64_t removed_blocks = 0; //!< published blocks dropped (evicted or cleared)
+
+  //! Share of queried prompt tokens served from cache.
+  [[nodiscard]] double hit_rate() const noexcept {
+    return query_tokens == 0 ? 0.0
+                             : static_cast<double>(hit_tokens) / static_cast<double>(query_tokens);
+  }
+};
+
+//! What happened to the cache's contents, for engines that mirror it (KV-aware request routing).
+struct cache_event {
+  enum class kind : std::uint8_t { stored, removed, cleared };
+  kind what = kind::stored;
+  block_id block = invalid_block_id; //!< the block (invalid for `cleared`)
+  block_key key{};                   //!< the block's key
+  block_key parent{};                //!< the key of the prefix before it
+  std::int32_t num_tokens = 0;       //!< tokens the entry covers (block_size unless partial)
+};
+
+//! A request's admission: the prefix served from cache and the blocks added for the rest.
+struct admission {
+  prefix_match hit;
+  append_info append;
+};
+
+//! Prefix cache over a block_pool.
+//!
+//! A full block's key chains its tokens onto the key of everything before it,
+//! `key_i = H(key_{i-1}, tokens of block i)`, starting from a root key `H(0, -, extra bytes)`, so
+//! equal keys mean equal prefixes under equal extra bytes (LoRA id, salt, multimodal hashes).
+//! Blocks become matchable as they fill (`publish`); a match walks the prompt block by block and
+//! takes a reference to each hit. The cache itself holds no references: a published block whose
+//! last holder releases it stays in the pool as evictable, ordered by the eviction policy, until
+//! the pool hands it out again and tells the cache to drop its key (lazy eviction).
+//!
+//! Each hit is also checked against the entry's stored tokens and parent key, so a collision of
+//! block keys (2^-128 per pair) is the only way a match could serve another prefix's K/V. A match
+//! never covers the last prompt token: its logits must be computed.
+//!
+//! Sequences are tracked from `match` (or `admit`) to `finish` / `forget`, following the block
+//! table's `fork` and `truncate`. The pool must outlive the cache; the cache installs itself as the
+//! pool's eviction callback and must not move. Not thread-safe. Failures change nothing.
+template <block_hasher Hasher = xxh3_hasher, eviction_policy Policy = lru>
+class prefix_cache {
+public:
+  //! A cache for `pool`, whose sequences use `block_size` tokens per block. The pool should have
+  //! at least `policy.num_levels()` eviction levels (higher levels are clamped to its top level).
+  prefix_cache(block_pool& pool, std::int32_t block_size, prefix_cache_options options = {},
+               Hasher hasher = {}, Policy policy = {})
+      : pool_(&pool), block_size_(std::max(block_size, 1)), options_(options),
+        hasher_(std::move(hasher)), policy_(std::move(policy)),
+        entries_(static_cast<std::size_t>(pool.capacity())),
+        tokens_(static_cast<std::size_t>(pool.capacity()) * static_cast<std::size_t>(block_size_)),
+        full_(static_cast<std::size_t>(pool.capacity())),
+        children_(options.share_partial_blocks ? static_cast<std::size_t>(pool.capacity()) : 0) {
+    assert(block_size > 0);
+    pool_->set_eviction_callback(&prefix_cache::on_evict, this);
+  }
+
+  prefix_cache(const prefix_cache&) = delete;
+  prefix_cache& operator=(const prefix_cache&) = delete;
+  prefix_cache(prefix_cache&&) = delete;
+  prefix_cache& operator=(prefix_cache&&) = delete;
+
+  //! Drops every entry (evictable blocks become free) and detaches from the pool.
+  ~prefix_cache() {
+    clear();
+    pool_->set_eviction_callback(nullptr, nullptr);
+  }
+
+  [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }
+  [[nodiscard]] const prefix_cache_options& options() const noexcept { return options_; }
+  [[nodiscard]] const prefix_cache_stats& stats() const noexcept { return stats_; }
+  //! Published blocks (in use or evictable).
+  [[nodiscard]] std::int32_t num_entries() const noexcept { return num_entries_; }
+  [[nodiscard]] bool is_published(block_id b) const noexcept {
+    return pool_->contains(b) && entries_[static_cast<std::size_t>(b)].len != 0;
+  }
+  [[nodiscard]] bool tracks(seq_id s) const noexcept { return seqs_.contains(s); }
+
+  //! The most blocks a match of a prompt of `num_tokens` tokens can return: the size `out` needs.
+  [[nodiscard]] std::int32_t max_match_blocks(std::int32_t num_tokens) const noexcept {
+    return num_tokens <= 1 ? 0 : blocks_for_tokens(num_tokens - 1, block_size_);
+  }
+
+  //! What `match` would find for this prompt now, without taking references or counting a query.
+  [[nodiscard]] prefix_match probe(std::span<const token_id> tokens,
+                                   std::span<const std::byte> extra = {}) const {
+    if (tokens.empty()) {
+      return {};
+    }
+    return walk(tokens, hasher_(block_key{}, {}, extra), nullptr, nullptr);
+  }
+
+  //! Finds the longest cached prefix of prompt `tokens` (never its last token), writes its blocks
+  //! to `out` taking one reference to each for the caller, and starts tracking sequence `s` with
+  //! retention `r`. Pass the blocks to the block table's `adopt_sequence`. Errors: bad_argument
+  //! (empty prompt, retention outside 0..100 or negative), duplicate_sequence (s is tracked),
+  //! buffer_too_small (`out` shorter than max_match_blocks).
+  [[nodiscard]] result<prefix_match> match(seq_id s, std::span<const token_id> tokens,
+                                           std::span<const std::byte> extra,
+                                           std::span<block_id> out, const retention& r = {}) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !valid(r)) {
+      return errc::bad_argument;
+    }
+    if (seqs_.contains(s)) {
+      return errc::duplicate_sequence;
+    }
+    const auto len = static_cast<std::int32_t>(tokens.size());
+    if (out.size() < static_cast<std::size_t>(max_match_blocks(len))) {
+      return errc::buffer_too_small;
+    }
+    sequence st{hasher_(block_key{}, {}, extra), {}, r};
+    const prefix_match m = walk(tokens, st.root, out.data(), &st.keys);
+    for (std::int32_t i = 0; i < m.num_blocks; ++i) {
+      [[maybe_unused]] const status held = pool_->retain(out[static_cast<std::size_t>(i)]);
+      assert(held.ok()); // published blocks are in use or evictable
+    }
+    seqs_.emplace(s, std::move(st));
+    ++stats_.queries;
+    stats_.query_tokens += len;
+    stats_.hit_tokens += m.num_tokens;
+    stats_.hit_blocks += m.num_blocks;
+    stats_.partial_hits += m.partial_last ? 1 : 0;
+    return m;
+  }
+
+  //! Admits prompt `tokens` as sequence `s` of `table` (whose allocator must be this cache's pool):
+  //! matches the cached prefix, adopts its blocks and appends the rest, writing the slots of the
+  //! tokens to compute (`tokens.size() - hit.num_tokens` of them) into `slots` unless it is empty.
+  //! All or nothing: errors are those of `match`, plus duplicate_sequence when `table` has `s`,
+  //! bad_argument when the block sizes differ, out_of_blocks, buffer_too_small.
+  template <block_mapping Mapping>
+  [[nodiscard]] result<admission> admit(Mapping& table, seq_id s, std::span<const token_id> tokens,
+                                        std::span<const std::byte> extra = {},
+                                        const retention& r = {}, std::span<token_slot> slots = {}) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !valid(r) ||
+        table.block_size() != block_size_) {
+      return errc::bad_argument;
+    }
+    if (seqs_.contains(s) || table.contains(s)) {
+      return errc::duplicate_sequence;
+    }
+    const auto len = static_cast<std::int32_t>(tokens.size());
+    const prefix_match p = probe(tokens, extra);
+    const std::int32_t rest = len - p.num_tokens;
+    if (!slots.empty() && slots.size() < static_cast<std::size_t>(rest)) {
+      return errc::buffer_too_small;
+    }
+    // A partly used last block is copied on the first write: one more block.
+    const std::int32_t needed = blocks_for_tokens(len, block_size_) - p.num_blocks +
+                                (p.num_tokens % block_size_ != 0 ? 1 : 0);
+    if (needed > pool_->num_free() - p.num_evictable) {
+      return errc::out_of_blocks;
+    }
+    scratch_.resize(static_cast<std::size_t>(max_match_blocks(len)));
+    const auto m = match(s, tokens, extra, scratch_, r);
+    if (!m) {
+      return m.error();
+    }
+    const std::span<const block_id> hit(scratch_.data(), static_cast<std::size_t>(m->num_blocks));
+    if (const status adopted = table.adopt_sequence(s, hit, m->num_tokens); !adopted) {
+      undo_match(s, hit);
+      return adopted.error();
+    }
+    auto appended = table.append_tokens(s, rest, slots);
+    if (!appended) {
+      (void)table.free(s); // gives back the matched references
+      (void)forget(s);
+      return appended.error();
+    }
+    return admission{*m, *appended};
+  }
+
+  //! Makes the full blocks of tracked sequence `s` matchable. `blocks` are its blocks and `tokens`
+  //! the tokens they hold, all computed (publish after verification, not while tokens are only
+  //! speculative). Only blocks past those already published or matched are hashed. Returns how
+  //! many blocks became new entries (a block whose prefix another block already holds is not).
+  //! Errors: unknown_sequence, bad_argument (block and token counts disagree, or too many
+  //! tokens), invalid_block (a block not in use).
+  [[nodiscard]] result<std::int32_t> publish(seq_id s, std::span<const block_id> blocks,
+                                             std::span<const token_id> tokens) {
+    const auto it = seqs_.find(s);
+    if (it == seqs_.end()) {
+      return errc::unknown_sequence;
+    }
+    if (const status st = check(blocks, tokens); !st) {
+      return st.error();
+    }
+    return publish_full(it->second, blocks, tokens);
+  }
+
+  //! Tracks `child`, a fork of tracked sequence `parent` (after the block table's fork).
+  [[nodiscard]] status fork(seq_id parent, seq_id child) {
+    const auto it = seqs_.find(parent);
+    if (it == seqs_.end()) {
+      return errc::unknown_sequence;
+    }
+    if (seqs_.contains(child)) {
+      return errc::duplicate_sequence;
+    }
+    sequence copy = it->second;
+    seqs_.emplace(child, std::move(copy));
+    return {};
+  }
+
+  //! Follows the block table's truncate of `s` to `num_tokens` tokens: blocks past it are no longer
+  //! this sequence's to publish. Published entries stay valid (the table copies a published block
+  //! before writing into it).
+  [[nodiscard]] status truncate(seq_id s, std::int32_t num_tokens) {
+    const auto it = seqs_.find(s);
+    if (it == seqs_.end()) {
+      return errc::unknown_sequence;
+    }
+    if (num_tokens < 0) {
+      return errc::bad_argument;
+    }
+    auto& keys = it->second.keys;
+    keys.resize(std::min(keys.size(), static_cast<std::size_t>(num_tokens / block_size_)));
+    return {};
+  }
+
+  //! Publishes the rest of `s` (with share_partial_blocks, its partly filled last block too) and
+  //! stops tracking it. Call before the block table frees it. Errors as for `publish`.
+  [[nodiscard]] status finish(seq_id s, std::span<const block_id> blocks,
+                              std::span<const token_id> tokens) {
+    const auto it = seqs_.find(s);
+    if (it == seqs_.end()) {
+      return errc::unknown_sequence;
+    }
+    if (const status st = check(blocks, tokens); !st) {
+      return st;
+    }
+    sequence& q = it->second;
+    const auto full = static_cast<std::int32_t>(tokens.size()) / block_size_;
+    (void)publish_full(q, blocks, tokens);
+    const auto tail = static_cast<std::int32_t>(tokens.size()) % block_size_;
+    if (options_.share_partial_blocks && tail != 0 &&
+        q.keys.size() == static_cast<std::size_t>(full)) {
+      const block_key parent = full == 0 ? q.root : q.keys.back();
+      const auto toks = tokens.subspan(static_cast<std::size_t>(full * block_size_));
+      (void)store(blocks.back(), hasher_(parent, toks, {}), parent, toks, level_of(q, full));
+    }
+    seqs_.erase(it);
+    return {};
+  }
+
+  //! Stops tracking `s` without publishing anything more (an aborted request).
+  [[nodiscard]] status forget(seq_id s) {
+    return seqs_.erase(s) == 1 ? status{} : status{errc::unknown_sequence};
+  }
+
+  //! Reclaims up to `n` evictable blocks now, in eviction order, so they are free; returns how
+  //! many. (The pool also does this by itself when it runs out of free blocks.)
+  std::int32_t evict(std::int32_t n) {
+    std::int32_t done = 0;
+    for (; done < n; ++done) {
+      const block_id b = pool_->evictable_front();
+      if (b == invalid_block_id) {
+        break;
+      }
+      drop(b);
+      [[maybe_unused]] const status freed = pool_->set_cached(b, false);
+      assert(freed.ok());
+    }
+    return done;
+  }
+
+  //! Drops every entry: evictable blocks become free, blocks in use just stop being matchable
+  //! (and are not published again by the sequences that hold them).
+  void clear() {
+    if (num_entries_ == 0) {
+      return;
+    }
+    for (block_id b = 0; b < pool_->capacity(); ++b) {
+      if (entries_[static_cast<std::size_t>(b)].len != 0) {
+        remove_entry(b);
+        [[maybe_unused]] const status unmarked = pool_->set_cached(b, false);
+        assert(unmarked.ok());
+      }
+    }
+    if (options_.record_events) {
+      events_.push_back(cache_event{cache_event::kind::cleared, invalid_block_id, {}, {}, 0});
+    }
+  }
+
+  //! Takes the events recorded since the last call (with `record_events` on).
+  [[nodiscard]] std::vector<cache_event> take_events() { return std::exchange(events_, {}); }
+
+  //! Calls `f(block, tokens, key)` for every entry: the tokens whose K/V the block must hold.
+  template <class F>
+  void for_each_entry(F&& f) const {
+    for (block_id b = 0; b < pool_->capacity(); ++b) {
+      const entry& e = entries_[static_cast<std::size_t>(b)];
+      if (e.len != 0) {
+        f(b, entry_tokens(b).first(static_cast<std::size_t>(e.len)), e.key);
+      }
+    }
+  }
+
+private:
+  static constexpr std::int32_t max_tokens = std::numeric_limits<std::int32_t>::max();
+
+  struct entry {
+    block_key key{};
+    block_key parent{};
+    std::int32_t len = 0; // tokens it covers; 0 when the block is not published
+    block_id prev_sibling = invalid_block_id;
+    block_id next_sibling = invalid_block_id;
+  };
+
+  struct sequence {
+    block_key root;
+    std::vector<block_key> keys; // keys of its first keys.size() (full) blocks
+    retention keep;
+  };
+
+  static bool valid(const retention& r) noexcept {
+    return r.priority >= 0 && r.priority <= 100 && r.num_tokens >= 0;
+  }
+
+  [[nodiscard]] status check(std::span<const block_id> blocks,
+                             std::span<const token_id> tokens) const {
+    if (tokens.size() > static_cast<std::size_t>(max_tokens) ||
+        blocks.size() != static_cast<std::size_t>(blocks_for_tokens(
+                             static_cast<std::int32_t>(tokens.size()), block_size_))) {
+      return errc::bad_argument;
+    }
+    for (const block_id b : blocks) {
+      if (pool_->ref_count(b) <= 0) {
+        return errc::invalid_block;
+      }
+    }
+    return {};
+  }
+
+  [[nodiscard]] std::span<const token_id> entry_tokens(block_id b) const noexcept {
+    return {tokens_.data() + static_cast<std::size_t>(b) * static_cast<std::size_t>(block_size_),
+            static_cast<std::size_t>(block_size_)};
+  }
+
+  [[nodiscard]] std::int32_t level_of(const sequence& q, std::int32_t block_index) const {
+    const bool kept = static_cast<std::int64_t>(block_index) * block_size_ < q.keep.num_tokens;
+    const std::int32_t level =
+        policy_.level(eviction_hint{block_index, kept ? q.keep.priority : 0});
+    return std::clamp(level, 0, pool_->num_eviction_levels() - 1);
+  }
+
+  // The lookup shared by probe and match: full blocks by key, then (option) the best partial share.
+  prefix_match walk(std::span<const token_id> tokens, const block_key& root, block_id* out,
+                    std::vector<block_key>* keys) const {
+    prefix_match m;
+    const auto bs = static_cast<std::size_t>(block_size_);
+    const auto limit = static_cast<std::int32_t>(tokens.size()) - 1; // keep the last token
+    const std::int32_t max_full = limit / block_size_;
+    // Keys are hashed a chunk at a time (a serial chain of pure compute), then the chunk's lookups
+    // run back to back: their loads are independent, so their cache misses overlap.
+    constexpr std::int32_t chunk = 8;
+    block_key keys_ahead[chunk];
+    block_key parent = root;
+    std::int32_t i = 0;
+    bool hit = true;
+    while (hit && i < max_full) {
+      const std::int32_t n = std::min(chunk, max_full - i);
+      block_key k = parent;
+      for (std::int32_t j = 0; j < n; ++j) {
+        k = hasher_(k, tokens.subspan(static_cast<std::size_t>(i + j) * bs, bs), {});
+        keys_ahead[j] = k;
+      }
+      for (std::int32_t j = 0; j < n; ++j, ++i) {
+        const block_key& key = keys_ahead[j];
+        const block_id b = full_.find(key);
+        if (b == invalid_block_id ||
+            !holds(b, parent, tokens.subspan(static_cast<std::size_t>(i) * bs, bs))) {
+          hit = false;
+          break;
+        }
+        if (out != nullptr) {
+          out[i] = b;
+        }
+        if (keys != nullptr) {
+          keys->push_back(key);
+        }
+        m.num_evictable += pool_->ref_count(b) == 0 ? 1 : 0;
+        parent = key;
+      }
+    }
+    m.num_blocks = i;
+    m.num_tokens = i * block_size_;
+    if (options_.share_partial_blocks && m.num_tokens < limit) {
+      const std::int32_t room = std::min(block_size_, limit - m.num_tokens);
+      const auto rest = tokens.subspan(static_cast<std::size_t>(m.num_tokens));
+      block_id best = invalid_block_id;
+      std::int32_t best_len = 0;
+      for (block_id c = children_.find(parent); c != invalid_block_id;
+           c = entries_[static_cast<std::size_t>(c)].next_sibling) {
+        const std::int32_t n = common_prefix(c, rest, room);
+        if (n > best_len) {
+          best_len = n;
+          best = c;
+        }
+      }
+      if (best != invalid_block_id && best_len >= options_.min_partial_tokens) {
+        if (out != nullptr) {
+          out[i] = best;
+        }
+        ++m.num_blocks;
+        m.num_tokens += best_len;
+        m.num_evictable += pool_->ref_count(best) == 0 ? 1 : 0;
+        m.partial_last = true;
+      }
+    }
+    return m;
+  }
+
+  // Whether entry `b` is the block after prefix `parent` holding exactly `blk`.
+  [[nodiscard]] bool holds(block_id b, const block_key& parent,
+                           std::span<const token_id> blk) const noexcept {
+    if (!(entries_[static_cast<std::size_t>(b)].parent == parent)) {
+      return false;
+    }
+    const token_id* held = tokens_.data() + static_cast<std::size_t>(b) * blk.size();
+    return std::memcmp(held, blk.data(), blk.size_bytes()) == 0;
+  }
+
+  // Tokens at the start of `tokens` (at most `room`) that entry `b` holds too.
+  [[nodiscard]] std::int32_t common_prefix(block_id b, std::span<const token_id> tokens,
+                                           std::int32_t room) const noexcept {
+    const auto held = entry_tokens(b);
+    const std::int32_t n = std::min(room, entries_[static_cast<std::size_t>(b)].len);
+    std::int32_t i = 0;
+    while (i < n && held[static_cast<std::size_t>(i)] == tokens[static_cast<std::size_t>(i)]) {
+      ++i;
+    }
+    return i;
+  }
+
+  std::int32_t publish_full(sequence& q, std::span<const block_id> blocks,
+                            std::span<const token_id> tokens) {
+    const auto bs = static_cast<std::size_t>(block_size_);
+    const auto full = tokens.size() / bs;
+    std::int32_t stored = 0;
+    for (std::size_t i = q.keys.size(); i < full; ++i) {
+      const block_key parent = i == 0 ? q.root : q.keys[i - 1];
+      const auto blk = tokens.subspan(i * bs, bs);
+      const block_key k = hasher_(parent, blk, {});
+      q.keys.push_back(k);
+      stored += store(blocks[i], k, parent, blk, level_of(q, static_cast<std::int32_t>(i))) ? 1 : 0;
+    }
+    return stored;
+  }
+
+  // Publishes block `b` as holding `toks` after prefix `parent`. False when `b` is published
+  // already or another block holds the same content.
+  bool store(block_id b, const block_key& key, const block_key& parent,
+             std::span<const token_id> toks, std::int32_t level) {
+    entry& e = entries_[static_cast<std::size_t>(b)];
+    const auto len = static_cast<std::int32_t>(toks.size());
+    if (e.len != 0) {
+      // Published already. A block is never written once published, so a full block comes back
+      // with the same key; a truncated sequence may offer its head as a partial entry, which the
+      // full entry already covers.
+      assert(len != block_size_ || e.len != block_size_ || e.key == key);
+      return false;
+    }
+    const bool full = len == block_size_;
+    if (full) {
+      if (full_.find(key) != invalid_block_id) {
+        return false;
+      }
+    } else {
+      for (block_id c = children_.find(parent); c != invalid_block_id;
+           c = entries_[static_cast<std::size_t>(c)].next_sibling) {
+        if (common_prefix(c, toks, len) == len) {
+          return false; // an entry already covers these tokens
+        }
+      }
+    }
+    [[maybe_unused]] const status marked = pool_->set_cached(b, true, level);
+    assert(marked.ok());
+    if (full) {
+      full_.assign(key, b);
+    }
+    e.key = key;
+    e.parent = parent;
+    e.len = len;
+    std::copy(toks.begin(), toks.end(),
+              tokens_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b) *
+                                                            static_cast<std::size_t>(block_size_)));
+    if (options_.share_partial_blocks) {
+      const block_id head = children_.find(parent);
+      e.prev_sibling = invalid_block_id;
+      e.next_sibling = head;
+      if (head != invalid_block_id) {
+        entries_[static_cast<std::size_t>(head)].prev_sibling = b;
+      }
+      children_.assign(parent, b);
+    }
+    ++num_entries_;
+    ++stats_.stored_blocks;
+    if (options_.record_events) {
+      events_.push_back(cache_event{cache_event::kind::stored, b, key, parent, len});
+    }
+    return true;
+  }
+
+  // Removes block `b`'s entry from the indexes; the pool mark is the caller's business.
+  void remove_entry(block_id b) {
+    entry& e = entries_[static_cast<std::size_t>(b)];
+    if (e.len == block_size_ && full_.find(e.key) == b) {
+      full_.erase(e.key);
+    }
+    if (options_.share_partial_blocks) {
+      if (e.prev_sibling != invalid_block_id) {
+        entries_[static_cast<std::size_t>(e.prev_sibling)].next_sibling = e.next_sibling;
+      } else if (e.next_sibling != invalid_block_id) {
+        children_.assign(e.parent, e.next_sibling);
+      } else {
+        children_.erase(e.parent);
+      }
+      if (e.next_sibling != invalid_block_id) {
+        entries_[static_cast<std::size_t>(e.next_sibling)].prev_sibling = e.prev_sibling;
+      }
+    }
+    e = entry{};
+    --num_entries_;
+    ++stats_.removed_blocks;
+  }
+
+  void drop(block_id b) {
+    const entry e = entries_[static_cast<std::size_t>(b)];
+    if (e.len == 0) {
+      return;
+    }
+    remove_entry(b);
+    if (options_.record_events) {
+      events_.push_back(cache_event{cache_event::kind::removed, b, e.key, e.parent, e.len});
+    }
+  }
+
+  // Gives back the references a match took and stops tracking (admission that failed late).
+  void undo_match(seq_id s, std::span<const block_id> blocks) {
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+      [[maybe_unused]] const status released = pool_->release(*it);
+    }
+    seqs_.erase(s);
+  }
+
+  static void on_evict(void* self, block_id b) noexcept {
+    static_cast<prefix_cache*>(self)->drop(b);
+  }
+
+  block_pool* pool_;
+  std::int32_t block_size_;
+  prefix_cache_options options_;
+  Hasher hasher_;
+  Policy policy_;
+  std::vector<entry> entries_;   // [capacity], by block id
+  std::vector<token_id> tokens_; // [capacity][block_size], the tokens each entry covers
+  detail::key_map full_;         // key of a full block -> block
+  detail::key_map children_;     // parent key -> first entry of its sibling list (partial option)
+  std::unordered_map<seq_id, sequence> seqs_;
+  std::vector<block_id> scratch_; // admit's match buffer
+  std::vector<cache_event> events_;
+  prefix_cache_stats stats_;
+  std::int32_t num_entries_ = 0;
+};
+
+static_assert(prefix_index<prefix_cache<>>);
+
+} // namespace kvkit

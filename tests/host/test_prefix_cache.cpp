@@ -1,0 +1,379 @@
+#include <array>
+#include <cstddef>
+#include <numeric>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kvkit/block/block_pool.hpp"
+#include "kvkit/block/block_table.hpp"
+#include "kvkit/prefix/prefix_cache.hpp"
+
+using kvkit::block_id;
+using kvkit::block_pool;
+using kvkit::errc;
+using kvkit::seq_id;
+using kvkit::token_id;
+
+namespace {
+
+using table_t = kvkit::block_table<block_pool>;
+
+std::vector<token_id> iota_tokens(std::int32_t n, token_id first = 1) {
+  std::vector<token_id> t(static_cast<std::size_t>(n));
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+std::vector<token_id> concat(std::vector<token_id> a, const std::vector<token_id>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<block_id> blocks_of(const table_t& t, seq_id s) {
+  const auto b = t.blocks(s);
+  REQUIRE(b.ok());
+  return {b->begin(), b->end()};
+}
+
+// Admits, publishes the prompt as computed, finishes and frees: the prompt's blocks end up cached.
+template <class Cache>
+void serve_and_finish(Cache& cache, table_t& table, seq_id s, const std::vector<token_id>& prompt,
+                      const kvkit::retention& r = {}) {
+  REQUIRE(cache.admit(table, s, prompt, {}, r).ok());
+  REQUIRE(cache.publish(s, *table.blocks(s), prompt).ok());
+  REQUIRE(cache.finish(s, *table.blocks(s), prompt).ok());
+  REQUIRE(table.free(s).ok());
+}
+
+} // namespace
+
+TEST_CASE("a repeated prompt hits every full block but the one with its last token",
+          "[prefix_cache]") {
+  block_pool pool(32);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(10); // blocks: [1..4] [5..8] [9 10]
+
+  const auto first = cache.admit(table, 1, prompt);
+  REQUIRE(first.ok());
+  CHECK(first->hit.num_tokens == 0);
+  CHECK(first->append.num_new_blocks == 3);
+  CHECK(*cache.publish(1, *table.blocks(1), prompt) == 2); // two full blocks
+  CHECK(cache.num_entries() == 2);
+  const auto owner = blocks_of(table, 1);
+  CHECK(pool.is_cached(owner[0]));
+  CHECK_FALSE(pool.is_cached(owner[2]));
+
+  // While sequence 1 is still running, sequence 2 shares its two full blocks.
+  const auto second = cache.admit(table, 2, prompt);
+  REQUIRE(second.ok());
+  CHECK(second->hit.num_tokens == 8);
+  CHECK(second->hit.num_blocks == 2);
+  CHECK(second->hit.num_evictable == 0);
+  CHECK(second->append.num_new_blocks == 1);
+  const auto shared = blocks_of(table, 2);
+  CHECK(shared[0] == owner[0]);
+  CHECK(shared[1] == owner[1]);
+  CHECK(pool.ref_count(owner[0]) == 2);
+
+  // A prompt of exactly two blocks may only reuse the first: its last token must be computed.
+  const auto aligned = iota_tokens(8);
+  const auto p = cache.probe(aligned);
+  CHECK(p.num_tokens == 4);
+  CHECK(p.num_blocks == 1);
+  CHECK(cache.stats().queries == 2);
+  CHECK(cache.stats().hit_tokens == 8);
+  CHECK(cache.stats().hit_rate() == Approx(8.0 / 20.0));
+}
+
+TEST_CASE("extra bytes separate otherwise equal prefixes", "[prefix_cache]") {
+  block_pool pool(32);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9);
+  const std::array<std::byte, 2> lora_a{std::byte{1}, std::byte{0}};
+  const std::array<std::byte, 2> lora_b{std::byte{2}, std::byte{0}};
+  REQUIRE(cache.admit(table, 1, prompt, lora_a).ok());
+  REQUIRE(cache.publish(1, *table.blocks(1), prompt).ok());
+  CHECK(cache.probe(prompt, lora_a).num_tokens == 8);
+  CHECK(cache.probe(prompt, lora_b).num_tokens == 0);
+  CHECK(cache.probe(prompt).num_tokens == 0);
+  // A different first block breaks the chain even when later blocks are equal.
+  auto other = prompt;
+  other[0] = 99;
+  CHECK(cache.probe(other, lora_a).num_tokens == 0);
+}
+
+TEST_CASE("released cached blocks stay evictable and are reclaimed tail first", "[prefix_cache]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4, {.record_events = true});
+  const auto prompt = iota_tokens(17); // 4 full blocks + 1 token
+  serve_and_finish(cache, table, 1, prompt);
+  CHECK(pool.num_evictable() == 4);
+  CHECK(pool.num_free() == 8);
+  CHECK(cache.num_entries() == 4);
+  auto events = cache.take_events();
+  REQUIRE(events.size() == 4);
+  CHECK(events[0].what == kvkit::cache_event::kind::stored);
+  CHECK(events[1].parent == events[0].key); // chained keys
+  CHECK(cache.take_events().empty());
+
+  // Pressure: a new unrelated prompt needs 5 blocks; 4 free ones go first, then the chain's tail.
+  REQUIRE(table.add_sequence(9).ok());
+  REQUIRE(table.append_tokens(9, 20, {}).ok());
+  CHECK(pool.num_evictions() == 1);
+  events = cache.take_events();
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].what == kvkit::cache_event::kind::removed);
+  CHECK(cache.num_entries() == 3);
+  // The head of the chain survived, so the prompt still hits its first three blocks.
+  CHECK(cache.probe(prompt).num_tokens == 12);
+  CHECK(cache.stats().removed_blocks == 1);
+  REQUIRE(table.free(9).ok());
+
+  // A hit revives evictable blocks.
+  const auto hit = cache.admit(table, 2, prompt);
+  REQUIRE(hit.ok());
+  CHECK(hit->hit.num_tokens == 12);
+  CHECK(hit->hit.num_evictable == 3);
+  CHECK(pool.num_evictable() == 0);
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("retention priority keeps a system prompt while chats are evicted", "[prefix_cache]") {
+  block_pool pool(12, 4);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<kvkit::xxh3_hasher, kvkit::retention_priority> cache(
+      pool, 4, {}, {}, kvkit::retention_priority(4));
+  const auto system = iota_tokens(8, 1000);
+  const auto chat_a = concat(system, iota_tokens(9, 1));
+  const auto chat_b = concat(iota_tokens(8, 5000), iota_tokens(9, 1));
+  // The system prompt's 8 tokens are kept at priority 90; the rest is default.
+  serve_and_finish(cache, table, 1, chat_a, {90, 8});
+  serve_and_finish(cache, table, 2, chat_b);
+  CHECK(pool.num_evictable() == 8);
+
+  // Memory pressure reclaims 5 blocks: the 4 free ones, then one default-priority chat block.
+  // Then more: every chat block goes before the system prompt's.
+  REQUIRE(table.add_sequence(9).ok());
+  REQUIRE(table.append_tokens(9, 4 * 10, {}).ok()); // 10 blocks: 4 free + 6 evicted
+  CHECK(pool.num_evictions() == 6);
+  CHECK(cache.probe(chat_a).num_tokens == 8); // the system prompt survived
+  CHECK(cache.probe(chat_b).num_tokens == 0);
+  REQUIRE(table.free(9).ok());
+
+  // With plain LRU the older system prompt would have gone first.
+  block_pool lru_pool(12);
+  table_t lru_table(lru_pool, 4);
+  kvkit::prefix_cache<> lru_cache(lru_pool, 4);
+  serve_and_finish(lru_cache, lru_table, 1, chat_a);
+  serve_and_finish(lru_cache, lru_table, 2, chat_b);
+  REQUIRE(lru_table.add_sequence(9).ok());
+  REQUIRE(lru_table.append_tokens(9, 4 * 10, {}).ok());
+  CHECK(lru_cache.probe(chat_a).num_tokens == 0);
+}
+
+TEST_CASE("partial blocks are shared through copy-on-write", "[prefix_cache]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4, {.share_partial_blocks = true});
+  const auto system = iota_tokens(6, 100); // not block aligned: [100..103] [104 105 | ...]
+  const auto first = concat(system, iota_tokens(3, 1));
+  const auto second = concat(system, iota_tokens(3, 50));
+
+  REQUIRE(cache.admit(table, 1, first).ok());
+  REQUIRE(cache.publish(1, *table.blocks(1), first).ok());
+  const auto owner = blocks_of(table, 1);
+
+  // Block 1 of sequence 1 is full ([104 105 1 2]); the second prompt shares its first 2 tokens.
+  std::vector<kvkit::token_slot> slots(9);
+  const auto hit = cache.admit(table, 2, second, {}, {}, slots);
+  REQUIRE(hit.ok());
+  CHECK(hit->hit.num_tokens == 6);
+  CHECK(hit->hit.num_blocks == 2);
+  CHECK(hit->hit.partial_last);
+  CHECK(hit->append.copied); // the shared block is copied before tokens 50.. land
+  CHECK(hit->append.copy.src == owner[1]);
+  const auto mine = blocks_of(table, 2);
+  CHECK(mine[0] == owner[0]);
+  CHECK(mine[1] == hit->append.copy.dst);
+  CHECK(slots[0] == kvkit::token_slot{hit->append.copy.dst, 2});
+  CHECK(cache.stats().partial_hits == 1);
+
+  // Finishing publishes the partly filled last block, so a later prompt with the same
+  // unaligned tail reuses it too.
+  const auto short_prompt = iota_tokens(7, 200); // [200..203] [204 205 206]
+  serve_and_finish(cache, table, 3, short_prompt);
+  const auto longer = concat(short_prompt, iota_tokens(2, 1));
+  const auto p = cache.probe(longer);
+  CHECK(p.num_tokens == 7);
+  CHECK(p.partial_last);
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("speculative lookahead and rollback keep published blocks intact", "[prefix_cache]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9);
+  serve_and_finish(cache, table, 1, prompt);
+
+  // A hit on the two full blocks, then 3 lookahead slots reserved for draft tokens.
+  auto tokens = prompt;
+  const auto hit = cache.admit(table, 2, tokens);
+  REQUIRE(hit.ok());
+  CHECK(hit->hit.num_tokens == 8);
+  const auto matched = blocks_of(table, 2);
+  REQUIRE(table.append_tokens(2, 3, {}).ok());
+  // One draft token accepted: roll the other two back. The matched blocks stay, still published.
+  REQUIRE(table.truncate(2, 10).ok());
+  REQUIRE(cache.truncate(2, 10).ok());
+  tokens.push_back(42);
+  CHECK(blocks_of(table, 2)[0] == matched[0]);
+  CHECK(blocks_of(table, 2)[1] == matched[1]);
+  CHECK(cache.is_published(matched[1]));
+
+  // A rollback that reaches into a published block makes the next write copy it first.
+  REQUIRE(table.truncate(2, 7).ok());
+  REQUIRE(cache.truncate(2, 7).ok());
+  const auto write = table.append_tokens(2, 1, {});
+  REQUIRE(write.ok());
+  CHECK(write->copied);
+  CHECK(write->copy.src == matched[1]);
+  CHECK(cache.probe(prompt).num_tokens == 8); // the cache still serves the original content
+}
+
+TEST_CASE("the same prefix computed twice is published once", "[prefix_cache]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9);
+  REQUIRE(cache.admit(table, 1, prompt).ok());
+  REQUIRE(cache.admit(table, 2, prompt).ok()); // nothing published yet: computes its own
+  CHECK(*cache.publish(1, *table.blocks(1), prompt) == 2);
+  CHECK(*cache.publish(2, *table.blocks(2), prompt) == 0);
+  CHECK(*cache.publish(2, *table.blocks(2), prompt) == 0); // idempotent
+  CHECK(cache.num_entries() == 2);
+  CHECK_FALSE(pool.is_cached(blocks_of(table, 2)[0]));
+}
+
+TEST_CASE("forks keep publishing their own continuation", "[prefix_cache]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(6);
+  REQUIRE(cache.admit(table, 1, prompt).ok());
+  REQUIRE(table.fork(1, 2).ok());
+  REQUIRE(cache.fork(1, 2).ok());
+  CHECK(cache.fork(1, 2).error() == errc::duplicate_sequence);
+  CHECK(cache.fork(7, 8).error() == errc::unknown_sequence);
+  auto a = prompt;
+  auto b = prompt;
+  for (token_id t = 0; t < 3; ++t) {
+    REQUIRE(table.append_tokens(1, 1, {}).ok());
+    REQUIRE(table.append_tokens(2, 1, {}).ok());
+    a.push_back(70 + t);
+    b.push_back(80 + t);
+  }
+  CHECK(*cache.publish(1, *table.blocks(1), a) == 2);
+  CHECK(*cache.publish(2, *table.blocks(2), b) == 1); // block 0 is shared and published already
+  CHECK(cache.probe(concat(a, {1})).num_tokens == 8);
+  CHECK(cache.probe(concat(b, {1})).num_tokens == 8);
+}
+
+TEST_CASE("bad input is rejected and changes nothing", "[prefix_cache]") {
+  block_pool pool(4);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9);
+  serve_and_finish(cache, table, 1, prompt);
+  const auto stats_before = cache.stats();
+  const auto free_before = pool.num_free();
+  const auto evictable_before = pool.num_evictable();
+
+  std::vector<block_id> out(8);
+  CHECK(cache.match(2, {}, {}, out).error() == errc::bad_argument);
+  CHECK(cache.match(2, prompt, {}, std::span<block_id>(out.data(), 1)).error() ==
+        errc::buffer_too_small);
+  CHECK(cache.match(2, prompt, {}, out, {101, 4}).error() == errc::bad_argument);
+  CHECK(cache.match(2, prompt, {}, out, {10, -1}).error() == errc::bad_argument);
+  CHECK(cache.admit(table, 2, std::vector<token_id>{}).error() == errc::bad_argument);
+  table_t other_size(pool, 8);
+  CHECK(cache.admit(other_size, 2, prompt).error() == errc::bad_argument);
+  std::vector<kvkit::token_slot> small(1);
+  CHECK(cache.admit(table, 2, iota_tokens(5, 700), {}, {}, small).error() ==
+        errc::buffer_too_small);
+  CHECK(cache.publish(5, {}, {}).error() == errc::unknown_sequence);
+  CHECK(cache.truncate(5, 0).error() == errc::unknown_sequence);
+  CHECK(cache.finish(5, {}, {}).error() == errc::unknown_sequence);
+  CHECK(cache.forget(5).error() == errc::unknown_sequence);
+
+  // The pool cannot hold this prompt's uncached part: out_of_blocks, nothing retained.
+  const auto big = concat(prompt, iota_tokens(12, 500)); // 21 tokens: 2 hit + 4 more blocks
+  CHECK(cache.admit(table, 3, big).error() == errc::out_of_blocks);
+  CHECK_FALSE(table.contains(3));
+  CHECK_FALSE(cache.tracks(3));
+  CHECK(pool.num_free() == free_before);
+  CHECK(pool.num_evictable() == evictable_before);
+  CHECK(cache.stats().queries == stats_before.queries);
+  CHECK(cache.num_entries() == 2);
+
+  // Tracked-sequence errors.
+  REQUIRE(cache.admit(table, 4, iota_tokens(3, 900)).ok());
+  CHECK(cache.admit(table, 4, prompt).error() == errc::duplicate_sequence);
+  CHECK(cache.publish(4, *table.blocks(4), iota_tokens(7, 900)).error() == errc::bad_argument);
+  CHECK(cache.truncate(4, -1).error() == errc::bad_argument);
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("evict and clear give cached blocks back", "[prefix_cache]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4, {.record_events = true});
+  serve_and_finish(cache, table, 1, iota_tokens(13)); // 3 full blocks
+  CHECK(pool.num_evictable() == 3);
+  CHECK(cache.evict(1) == 1);
+  CHECK(pool.num_evictable() == 2);
+  CHECK(cache.num_entries() == 2);
+  REQUIRE(cache.admit(table, 2, iota_tokens(13)).ok()); // holds the remaining two
+  cache.clear();
+  CHECK(cache.num_entries() == 0);
+  CHECK(pool.num_evictable() == 0);
+  CHECK_FALSE(pool.is_cached(blocks_of(table, 2)[0]));
+  const auto events = cache.take_events();
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.back().what == kvkit::cache_event::kind::cleared);
+  CHECK(cache.evict(5) == 0);
+  REQUIRE(table.free(2).ok());
+  CHECK(pool.num_free() == 8);
+}
+
+TEST_CASE("the cache detaches from the pool when destroyed", "[prefix_cache]") {
+  block_pool pool(4);
+  table_t table(pool, 4);
+  {
+    kvkit::prefix_cache<> cache(pool, 4);
+    serve_and_finish(cache, table, 1, iota_tokens(9));
+    CHECK(pool.num_evictable() == 2);
+  }
+  CHECK(pool.num_evictable() == 0);
+  std::array<block_id, 4> all{};
+  CHECK(pool.allocate(all).ok()); // no callback into a dead cache
+}
+
+TEST_CASE("entries hold exactly the tokens they were published with", "[prefix_cache]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9, 300);
+  serve_and_finish(cache, table, 1, prompt);
+  std::int32_t seen = 0;
+  cache.for_each_entry([&](block_id, std::span<const token_id> toks, const kvkit::block_key&) {
+    CHECK(toks.size() == 4);
+    CHECK((toks[0] == 300 || toks[0] == 304));
+    ++seen;
+  });
+  CHECK(seen == 2);
+}
