@@ -29,6 +29,7 @@ int main() {
     std::printf("copy-on-write: copy block %d -> %d before attention\n", info->copy.src,
                 info->copy.dst);
   }
+  table.release_copy_sources(); // once the step's copies have run
 
   // Speculative decoding: reserve 4 draft tokens, accept 1, roll back the other 3.
   (void)table.append_tokens(1, 4, {});

@@ -194,6 +194,8 @@ public:
       std::exit(1);
     }
   }
+  // The step's copy-on-write copies have run (an engine runs them before attention).
+  void end_step() { table_.release_copy_sources(); }
   [[nodiscard]] double hit_rate() const { return cache_.stats().hit_rate(); }
   [[nodiscard]] std::int64_t copies() const { return copies_; }
   [[nodiscard]] bool drained() const {
@@ -243,6 +245,7 @@ public:
   }
   void set_stored(std::int64_t n) { stored_ = n; }
   void export_page_table(const std::vector<kvkit::seq_id>& /*batch*/) {}
+  void end_step() {}
   [[nodiscard]] double hit_rate() const { return 0; }
   [[nodiscard]] std::int64_t copies() const { return 0; }
   [[nodiscard]] bool drained() const { return slots_used_ == 0; }
@@ -352,6 +355,7 @@ stats simulate(const options& o, const std::vector<request>& trace) {
       mem.set_stored(live_tokens);
     }
     mem.export_page_table(batch);
+    mem.end_step();
     st.stored_token_steps += static_cast<double>(mem.stored_tokens(batch));
     st.reserved_token_steps += static_cast<double>(mem.reserved_tokens());
     st.running_sum += static_cast<double>(running.size());

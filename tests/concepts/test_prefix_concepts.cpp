@@ -60,6 +60,16 @@ struct policy_level_returns_size_t {
   std::size_t level(const kvkit::eviction_hint&) const { return 0; }
 };
 
+// Blocks starting with token 1 or 7 collide; other keys are distinct.
+struct first_block_collider {
+  block_key operator()(const block_key& parent, std::span<const token_id> tokens,
+                       std::span<const std::byte> extra) const {
+    const auto first = tokens.empty() ? 0U : static_cast<std::uint64_t>(tokens[0]);
+    const std::uint64_t t = first == 7 ? 1 : first;
+    return block_key{parent.lo * 31 + t * 1000 + tokens.size(), parent.hi + extra.size()};
+  }
+};
+
 using archetype = prefix_index_archetype;
 struct index_without_probe : archetype {
   using archetype::archetype;
@@ -135,6 +145,25 @@ TEST_CASE("a cache over a colliding hasher still serves only exact prefixes",
   CHECK(*cache.publish(2, *table.blocks(2), b) == 0);
   CHECK(cache.probe(b).num_tokens == 4);
   CHECK(cache.probe(a).num_tokens == 8);
+}
+
+TEST_CASE("a chain that meets a colliding key publishes nothing further",
+          "[concepts][prefix_cache]") {
+  // P publishes [p0 p1]. Q's first block has P's first key but other tokens; the second blocks'
+  // keys differ. Were Q's second block published under that key, the prompt
+  // [p0 q1 ...] would be served q1's K/V, computed after q0: Q must stop publishing instead.
+  kvkit::block_pool pool(16);
+  kvkit::block_table<kvkit::block_pool> table(pool, 4);
+  kvkit::prefix_cache<first_block_collider> cache(pool, 4);
+  const std::vector<token_id> p{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<token_id> q{7, 7, 7, 7, 8, 8, 8, 8, 9};
+  REQUIRE(cache.admit(table, 1, p).ok());
+  REQUIRE(cache.publish(1, *table.blocks(1), p).ok());
+  REQUIRE(cache.admit(table, 2, q).ok());
+  CHECK(*cache.publish(2, *table.blocks(2), q) == 0);
+  const std::vector<token_id> mixed{1, 2, 3, 4, 8, 8, 8, 8, 9};
+  CHECK(cache.probe(mixed).num_tokens == 4);
+  CHECK(cache.probe(p).num_tokens == 8);
 }
 
 TEST_CASE("the prefix index archetype caches nothing", "[concepts][prefix_cache]") {

@@ -223,6 +223,7 @@ private:
                   bs,
                   memory_.begin() +
                       static_cast<std::ptrdiff_t>(static_cast<std::size_t>(info->copy.dst) * bs));
+      table_.release_copy_sources(); // the copy has run
     }
     for (const token_slot& slot : slots_) {
       const std::uint32_t token = next_token_++;

@@ -195,6 +195,12 @@ TEST_CASE("appending into a shared partial block copies it first", "[block_table
   CHECK(slot[0] == token_slot{info->copy.dst, 2}); // writes land after the copied tokens
   CHECK(blocks_of(table, 2) == std::vector<block_id>{shared[0], info->copy.dst});
   CHECK(blocks_of(table, 1) == shared);
+  // The source keeps sequence 2's reference until the engine has run the copy.
+  CHECK(pool.ref_count(shared[1]) == 2);
+  REQUIRE(table.pending_copy_sources().size() == 1);
+  CHECK(table.pending_copy_sources()[0] == shared[1]);
+  table.release_copy_sources();
+  CHECK(table.pending_copy_sources().empty());
   CHECK(pool.ref_count(shared[1]) == 1);
   CHECK(pool.ref_count(shared[0]) == 2);
 
@@ -205,6 +211,28 @@ TEST_CASE("appending into a shared partial block copies it first", "[block_table
   CHECK_FALSE(own->copied);
   CHECK(parent[0] == token_slot{shared[1], 2});
   CHECK(pool.check_consistency());
+}
+
+TEST_CASE("copy sources are not reused until the copies have run", "[block_table]") {
+  // The hazard: a published block with one holder is copied away; were it released at once, the
+  // next allocation of the same step could hand it out as another copy's destination, and a
+  // batched copy kernel would read and write it at the same time.
+  block_pool pool(3);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 6, {}).ok()); // blocks 0, 1
+  const auto blocks = blocks_of(table, 1);
+  REQUIRE(pool.set_cached(blocks[1], true).ok());
+  const auto first = table.append_tokens(1, 1, {}); // copies block 1 into block 2
+  REQUIRE(first.ok());
+  REQUIRE(first->copied);
+  REQUIRE(table.add_sequence(2).ok());
+  // Within the same step nothing is left to allocate: the source is still held.
+  CHECK(table.append_tokens(2, 1, {}).error() == errc::out_of_blocks);
+  table.release_copy_sources(); // the step's copies have run
+  const auto later = table.append_tokens(2, 1, {});
+  REQUIRE(later.ok());
+  CHECK(blocks_of(table, 2)[0] == first->copy.src); // reused only now
 }
 
 TEST_CASE("copy on write is all or nothing when the pool is exhausted", "[block_table]") {
@@ -425,6 +453,7 @@ TEST_CASE("block_table works over any block_allocator", "[block_table]") {
   CHECK(info->copied);
   CHECK(alloc.num_free() == 1);
   CHECK(table.append_tokens(1, 5, {}).error() == errc::out_of_blocks);
+  table.release_copy_sources();
   REQUIRE(table.free(1).ok());
   REQUIRE(table.free(2).ok());
   CHECK(alloc.num_free() == 4);
@@ -465,6 +494,8 @@ TEST_CASE("a published block is copied before a write even with one holder", "[b
   CHECK(info->copied);
   CHECK(info->copy.src == blocks[1]);
   CHECK(slot[0] == token_slot{info->copy.dst, 2});
+  CHECK(pool.ref_count(blocks[1]) == 1); // held until the copy has run
+  table.release_copy_sources();
   CHECK(pool.ref_count(blocks[1]) == 0); // evictable, its contents intact
   CHECK(pool.num_evictable() == 1);
   CHECK(pool.check_consistency());

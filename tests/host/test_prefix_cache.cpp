@@ -377,3 +377,41 @@ TEST_CASE("entries hold exactly the tokens they were published with", "[prefix_c
   });
   CHECK(seen == 2);
 }
+
+TEST_CASE("clearing a cached mark through the pool drops the cache entry", "[prefix_cache]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9);
+  REQUIRE(cache.admit(table, 1, prompt).ok());
+  REQUIRE(cache.publish(1, *table.blocks(1), prompt).ok());
+  const auto blocks = blocks_of(table, 1);
+  // In use: the entry goes, so the holder may write into the block again.
+  REQUIRE(pool.set_cached(blocks[1], false).ok());
+  CHECK_FALSE(cache.is_published(blocks[1]));
+  CHECK(cache.num_entries() == 1);
+  REQUIRE(cache.finish(1, *table.blocks(1), prompt).ok());
+  REQUIRE(table.free(1).ok());
+  // Evictable: the block becomes free and the entry goes with it.
+  REQUIRE(pool.set_cached(blocks[0], false).ok());
+  CHECK(cache.num_entries() == 0);
+  CHECK(cache.probe(prompt).num_tokens == 0);
+  CHECK(pool.num_evictable() == 0);
+}
+
+TEST_CASE("caches can follow each other on one pool", "[prefix_cache]") {
+  block_pool pool(4);
+  table_t table(pool, 4);
+  {
+    kvkit::prefix_cache<> first(pool, 4);
+    serve_and_finish(first, table, 1, iota_tokens(9));
+  }
+  kvkit::prefix_cache<> second(pool, 4);
+  CHECK(pool.eviction_context() == &second);
+  serve_and_finish(second, table, 2, iota_tokens(9, 50));
+  CHECK(second.num_entries() == 2);
+  // Pressure reclaims the second cache's blocks, and it hears of it.
+  REQUIRE(table.add_sequence(3).ok());
+  REQUIRE(table.append_tokens(3, 16, {}).ok());
+  CHECK(second.num_entries() == 0);
+}

@@ -174,6 +174,7 @@ private:
                   bs,
                   memory_.begin() +
                       static_cast<std::ptrdiff_t>(static_cast<std::size_t>(info.copy.dst) * bs));
+      table_.release_copy_sources(); // the copy has run
     }
     for (std::size_t i = 0; i < slots.size(); ++i) {
       memory_[static_cast<std::size_t>(slots[i].flat(cfg_.block_size))] = tokens[i];

@@ -56,8 +56,31 @@ public:
 
   block_pool(const block_pool&) = delete;
   block_pool& operator=(const block_pool&) = delete;
-  block_pool(block_pool&&) noexcept = default;
-  block_pool& operator=(block_pool&&) noexcept = default;
+  //! Moves the blocks; `other` is left an empty pool (capacity 0). Tables and caches that refer to
+  //! `other` must not be used afterwards.
+  block_pool(block_pool&& other) noexcept
+      : meta_(std::move(other.meta_)), free_(std::move(other.free_)), free_top_(other.free_top_),
+        lists_(other.lists_), num_levels_(other.num_levels_), num_evictable_(other.num_evictable_),
+        num_evictions_(other.num_evictions_), num_revivals_(other.num_revivals_),
+        on_evict_(other.on_evict_), evict_context_(other.evict_context_) {
+    other.reset_to_empty();
+  }
+  block_pool& operator=(block_pool&& other) noexcept {
+    if (this != &other) {
+      meta_ = std::move(other.meta_);
+      free_ = std::move(other.free_);
+      free_top_ = other.free_top_;
+      lists_ = other.lists_;
+      num_levels_ = other.num_levels_;
+      num_evictable_ = other.num_evictable_;
+      num_evictions_ = other.num_evictions_;
+      num_revivals_ = other.num_revivals_;
+      on_evict_ = other.on_evict_;
+      evict_context_ = other.evict_context_;
+      other.reset_to_empty();
+    }
+    return *this;
+  }
   ~block_pool() = default;
 
   //! Hands out `out.size()` blocks with reference count 1, or none (errc::out_of_blocks).
@@ -80,7 +103,8 @@ public:
   }
 
   //! Adds a reference to a block in use, or brings an evictable block back into use (a prefix-cache
-  //! hit). errc::invalid_block for an id outside the pool or a free block.
+  //! hit). errc::invalid_block for an id outside the pool or a free block; errc::out_of_range when
+  //! the count is at its maximum.
   [[nodiscard]] status retain(block_id id) noexcept {
     if (!contains(id)) {
       return errc::invalid_block;
@@ -141,9 +165,10 @@ public:
   }
 
   //! Marks a block in use as cached (its contents are published) with an eviction `level`, or
-  //! clears the mark. Clearing the mark of an evictable block frees it at once. Errors:
-  //! invalid_block for an id outside the pool, for marking a block that is not in use and for
-  //! clearing the mark of a free block; bad_argument for a level outside 0 .. levels-1.
+  //! clears the mark. Clearing the mark of an evictable block frees it at once. Clearing a mark
+  //! calls the eviction callback too, so a cache never keeps an entry for an unmarked block.
+  //! Errors: invalid_block for an id outside the pool, for marking a block that is not in use and
+  //! for clearing the mark of a free block; bad_argument for a level outside 0 .. levels-1.
   [[nodiscard]] status set_cached(block_id id, bool cached, std::int32_t level = 0) noexcept {
     if (!contains(id)) {
       return errc::invalid_block;
@@ -160,10 +185,15 @@ public:
       m.cached = false;
       m.level = 0;
       free_[static_cast<std::size_t>(free_top_++)] = id;
+      notify_evicted(id);
       return {};
     }
+    const bool was_cached = m.cached;
     m.cached = cached;
     m.level = static_cast<std::uint8_t>(cached ? level : 0);
+    if (was_cached && !cached) {
+      notify_evicted(id);
+    }
     return {};
   }
 
@@ -188,11 +218,14 @@ public:
     return m.next != invalid_block_id ? m.next : first_evictable_from(m.level + 1);
   }
 
-  //! Installs the callback told about each cached block that `allocate` reclaims (nullptr: none).
+  //! Installs the callback told about each cached block that loses its mark (reclaimed by
+  //! `allocate`, or cleared by `set_cached`); nullptr for none. One prefix cache per pool.
   void set_eviction_callback(eviction_callback callback, void* context) noexcept {
     on_evict_ = callback;
     evict_context_ = context;
   }
+  //! The context the installed eviction callback was given (nullptr when none is installed).
+  [[nodiscard]] void* eviction_context() const noexcept { return evict_context_; }
 
   //! Evictable blocks reclaimed by `allocate` since construction.
   [[nodiscard]] std::int64_t num_evictions() const noexcept { return num_evictions_; }
@@ -283,12 +316,26 @@ private:
       m.cached = false;
       m.level = 0;
       ++num_evictions_;
-      if (on_evict_ != nullptr) {
-        on_evict_(evict_context_, id);
-      }
+      notify_evicted(id);
     }
     meta_[static_cast<std::size_t>(id)].ref = 1;
     return id;
+  }
+
+  void notify_evicted(block_id id) const noexcept {
+    if (on_evict_ != nullptr) {
+      on_evict_(evict_context_, id);
+    }
+  }
+
+  void reset_to_empty() noexcept {
+    meta_.clear();
+    free_.clear();
+    free_top_ = 0;
+    lists_ = {};
+    num_evictable_ = 0;
+    on_evict_ = nullptr;
+    evict_context_ = nullptr;
   }
 
   void link_back(block_id id) noexcept {

@@ -27,7 +27,8 @@ namespace kvkit {
 //! recently released block first gives up the end of a chain before its head). Appending into a
 //! partly filled block that another sequence also holds, or whose contents a prefix cache published
 //! (when the allocator has `is_cached`, as block_pool does), moves this sequence onto a fresh block
-//! and reports the `(src, dst)` copy the engine runs before attention (copy-on-write).
+//! and reports the `(src, dst)` copy the engine runs before attention (copy-on-write). The source
+//! keeps a reference until `release_copy_sources()`, so one step's copies never overlap.
 //!
 //! The allocator must outlive the table; the table's destructor releases every block it holds.
 //! Failed operations return an error code and change nothing. Not thread-safe.
@@ -45,14 +46,16 @@ public:
   block_table(block_table&& other) noexcept
       : allocator_(other.allocator_), block_size_(other.block_size_),
         index_(std::move(other.index_)), seqs_(std::move(other.seqs_)),
-        spare_(std::move(other.spare_)) {
+        spare_(std::move(other.spare_)), copy_sources_(std::move(other.copy_sources_)) {
     other.index_.clear();
+    other.copy_sources_.clear();
   }
   block_table& operator=(block_table&&) = delete;
   ~block_table() {
     for (const auto& [id, slot] : index_) {
       release_tail(seqs_[slot], 0);
     }
+    release_copy_sources();
   }
 
   [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }
@@ -163,8 +166,9 @@ public:
         block_id& last = q->blocks[old_size - 1];
         info.copied = true;
         info.copy = block_copy{last, dst};
-        [[maybe_unused]] const status released = allocator_->release(last);
-        assert(released.ok());
+        // The sequence's reference to the source is kept until the copy has run: released now,
+        // the source could be handed out as the destination of another copy of the same step.
+        copy_sources_.push_back(last);
         last = dst;
       }
     }
@@ -199,7 +203,8 @@ public:
   }
 
   //! Makes `child` a new sequence that shares every block of `parent` (one more reference each,
-  //! no data copied). Errors: unknown_sequence (parent), duplicate_sequence (child exists).
+  //! no data copied). Errors: unknown_sequence (parent), duplicate_sequence (child exists),
+  //! out_of_range (a block's reference count is at its maximum).
   [[nodiscard]] status fork(seq_id parent, seq_id child) {
     if (!contains(parent)) {
       return errc::unknown_sequence;
@@ -239,6 +244,21 @@ public:
     index_.erase(it);
     spare_.push_back(slot);
     return {};
+  }
+
+  //! Releases the sources of the copy-on-write orders returned since the last call. Call it once
+  //! the engine has run those copies (once per step, after the copy kernel); until then each
+  //! source keeps one reference, so no block is both read and written by one step's copies.
+  void release_copy_sources() noexcept {
+    for (const block_id b : copy_sources_) {
+      [[maybe_unused]] const status released = allocator_->release(b);
+      assert(released.ok());
+    }
+    copy_sources_.clear();
+  }
+  //! Copy-on-write sources still waiting for `release_copy_sources`.
+  [[nodiscard]] std::span<const block_id> pending_copy_sources() const noexcept {
+    return copy_sources_;
   }
 
   //! Number of page ids `export_csr` writes for `batch` (the size `indices` needs).
@@ -433,6 +453,7 @@ private:
   std::unordered_map<seq_id, std::size_t> index_; // sequence id -> record in seqs_
   std::vector<sequence> seqs_;                    // records, reused through spare_
   std::vector<std::size_t> spare_;                // free records
+  std::vector<block_id> copy_sources_;            // copy-on-write sources not yet released
 };
 
 static_assert(block_mapping<block_table<block_pool>>);

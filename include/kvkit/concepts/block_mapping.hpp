@@ -36,6 +36,8 @@ struct append_info {
 //!    blocks as needed, and writes each new token's slot into `slots` (when it is not empty). A
 //!    write into a block shared with another sequence first moves the sequence onto a fresh copy
 //!    and reports the `(src, dst)` pair to execute before attention. All or nothing.
+//!  - `m.release_copy_sources()`: the copies reported so far have run; their sources may be
+//!    reused.
 //!  - `m.truncate(s, n)` -> `status`: shortens `s` to `n` tokens, releasing blocks past the end.
 //!  - `m.fork(s, t)` -> `status`: new sequence `t` shares every block of `s` (no data copied).
 //!  - `m.free(s)` -> `status`: releases every block of `s` and forgets it.
@@ -64,6 +66,7 @@ concept block_mapping = requires(M& m, const M& cm, seq_id s, std::int32_t n,
   { m.truncate(s, n) } -> std::same_as<status>;
   { m.fork(s, s) } -> std::same_as<status>;
   { m.free(s) } -> std::same_as<status>;
+  m.release_copy_sources();
   { cm.export_csr(batch, i32, i32, i32) } -> std::same_as<status>;
   { cm.export_block_table(batch, n, i32, i32) } -> std::same_as<status>;
   { cm.export_slot_mapping(batch, ci32, i64) } -> std::same_as<status>;

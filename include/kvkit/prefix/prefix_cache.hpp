@@ -82,8 +82,9 @@ struct admission {
 //! last holder releases it stays in the pool as evictable, ordered by the eviction policy, until
 //! the pool hands it out again and tells the cache to drop its key (lazy eviction).
 //!
-//! Each hit is also checked against the entry's stored tokens and parent key, so a collision of
-//! block keys (2^-128 per pair) is the only way a match could serve another prefix's K/V. A match
+//! Each hit is also checked against the entry's stored tokens and parent key, and a sequence whose
+//! chain meets a key already held by other contents publishes nothing further, so a collision of
+//! block keys can cost hits but cannot make a match serve another prefix's K/V. A match
 //! never covers the last prompt token: its logits must be computed.
 //!
 //! Sequences are tracked from `match` (or `admit`) to `finish` / `forget`, following the block
@@ -103,7 +104,11 @@ public:
         full_(static_cast<std::size_t>(pool.capacity())),
         children_(options.share_partial_blocks ? static_cast<std::size_t>(pool.capacity()) : 0) {
     assert(block_size > 0);
+    assert(pool.eviction_context() == nullptr); // one cache per pool
     pool_->set_eviction_callback(&prefix_cache::on_evict, this);
+    if (options_.record_events) {
+      events_.reserve(static_cast<std::size_t>(pool.capacity()) * 2);
+    }
   }
 
   prefix_cache(const prefix_cache&) = delete;
@@ -114,7 +119,9 @@ public:
   //! Drops every entry (evictable blocks become free) and detaches from the pool.
   ~prefix_cache() {
     clear();
-    pool_->set_eviction_callback(nullptr, nullptr);
+    if (pool_->eviction_context() == this) { // another cache may have taken the pool over since
+      pool_->set_eviction_callback(nullptr, nullptr);
+    }
   }
 
   [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }
@@ -135,7 +142,7 @@ public:
   //! What `match` would find for this prompt now, without taking references or counting a query.
   [[nodiscard]] prefix_match probe(std::span<const token_id> tokens,
                                    std::span<const std::byte> extra = {}) const {
-    if (tokens.empty()) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens)) {
       return {};
     }
     return walk(tokens, hasher_(block_key{}, {}, extra), nullptr, nullptr);
@@ -284,7 +291,7 @@ public:
     const auto full = static_cast<std::int32_t>(tokens.size()) / block_size_;
     (void)publish_full(q, blocks, tokens);
     const auto tail = static_cast<std::int32_t>(tokens.size()) % block_size_;
-    if (options_.share_partial_blocks && tail != 0 &&
+    if (options_.share_partial_blocks && tail != 0 && !q.collided &&
         q.keys.size() == static_cast<std::size_t>(full)) {
       const block_key parent = full == 0 ? q.root : q.keys.back();
       const auto toks = tokens.subspan(static_cast<std::size_t>(full * block_size_));
@@ -362,6 +369,7 @@ private:
     block_key root;
     std::vector<block_key> keys; // keys of its first keys.size() (full) blocks
     retention keep;
+    bool collided = false; // a key of its chain names another prefix: publish no further
   };
 
   static bool valid(const retention& r) noexcept {
@@ -494,7 +502,16 @@ private:
       const auto blk = tokens.subspan(i * bs, bs);
       const block_key k = hasher_(parent, blk, {});
       q.keys.push_back(k);
-      stored += store(blocks[i], k, parent, blk, level_of(q, static_cast<std::int32_t>(i))) ? 1 : 0;
+      // A key already held by a block with other contents is a collision: entries chained under
+      // it could be reached by a different prefix, so this chain publishes nothing more.
+      const block_id existing = full_.find(k);
+      if (existing != invalid_block_id && existing != blocks[i] && !holds(existing, parent, blk)) {
+        q.collided = true;
+      }
+      if (!q.collided) {
+        stored +=
+            store(blocks[i], k, parent, blk, level_of(q, static_cast<std::int32_t>(i))) ? 1 : 0;
+      }
     }
     return stored;
   }

@@ -47,6 +47,7 @@ public:
     return errc::unknown_sequence;
   }
   [[nodiscard]] status free(seq_id /*s*/) noexcept { return errc::unknown_sequence; }
+  void release_copy_sources() noexcept {}
   [[nodiscard]] status export_csr(std::span<const seq_id> /*batch*/,
                                   std::span<std::int32_t> /*indptr*/,
                                   std::span<std::int32_t> /*indices*/,
