@@ -7,11 +7,17 @@
 #include "kvkit/block/types.hpp"              // IWYU pragma: export
 #include "kvkit/concepts/block_allocator.hpp" // IWYU pragma: export
 #include "kvkit/concepts/block_hasher.hpp"    // IWYU pragma: export
-#include "kvkit/concepts/block_mapping.hpp"   // IWYU pragma: export
+#include "kvkit/concepts/block_mapping.hpp"
 #include "kvkit/concepts/eviction_policy.hpp" // IWYU pragma: export
+#include "kvkit/concepts/kv_codec.hpp"        // IWYU pragma: export
 #include "kvkit/concepts/prefix_index.hpp"    // IWYU pragma: export
 #include "kvkit/config.hpp"                   // IWYU pragma: export
-#include "kvkit/error.hpp"                    // IWYU pragma: export
-#include "kvkit/prefix/eviction.hpp"          // IWYU pragma: export
-#include "kvkit/prefix/prefix_cache.hpp"      // IWYU pragma: export
-#include "kvkit/prefix/xxh3_hasher.hpp"       // IWYU pragma: export
+#include "kvkit/error.hpp"
+#include "kvkit/layout/kv_memory.hpp"
+#include "kvkit/layout/page_layout.hpp"  // IWYU pragma: export
+#include "kvkit/prefix/eviction.hpp"     // IWYU pragma: export
+#include "kvkit/prefix/prefix_cache.hpp" // IWYU pragma: export
+#include "kvkit/prefix/xxh3_hasher.hpp"
+#include "kvkit/quant/codecs.hpp"
+#include "kvkit/quant/float_conversions.hpp"
+#include "kvkit/quant/kv_format.hpp" // IWYU pragma: export

@@ -1,0 +1,154 @@
+#pragma once
+//! paged_layout: where each K and V element, and each scale, lives inside one page of one layer.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/config.hpp"
+#include "kvkit/error.hpp"
+
+namespace kvkit {
+
+//! Element order inside a page's K (and V) region.
+enum class kv_order : std::uint8_t {
+  nhd, //!< [token][kv head][channel] (FlashInfer's NHD, vLLM's flash layout)
+  hnd, //!< [kv head][token][channel] (FlashInfer's HND): a head's tokens are contiguous
+};
+
+//! Geometry of one page of one layer: K data, V data, then K and V parameters (scales, zero
+//! points), each region starting on a 16-byte boundary so kernels can use 16-byte vector loads.
+//!
+//! ```
+//! page: | K data | V data | K params | V params |
+//! data:   nhd: element (t, h, c) at (t * heads + h) * head_dim + c
+//!         hnd: element (t, h, c) at (h * page_size + t) * head_dim + c
+//!         4-bit codes pack channel pairs into a byte, the even channel in the low nibble
+//! params: per_token_head   [head][token]
+//!         per_token_group  [head][token][channel / group_size]
+//!         per_page_channel [head][channel]
+//! ```
+//!
+//! Because the parameters live in the page, copy-on-write, swap, prefix sharing and transfer move
+//! a page with its scales and need no side tables. Static fp8 scales (one per head or tensor) are
+//! calibration results passed to kernels, not page contents. Offsets are in bytes from the page's
+//! start unless named `index`.
+template <kv_codec KCodec, kv_codec VCodec = KCodec, kv_order Order = kv_order::nhd>
+class paged_layout {
+public:
+  using k_codec = KCodec;
+  using v_codec = VCodec;
+  static constexpr kv_order order = Order;
+
+  constexpr paged_layout() = default;
+  //! A layout for pages of `page_size` tokens, `num_kv_heads` heads of `head_dim` channels. Call
+  //! `validate()` before use.
+  KVKIT_HOST_DEVICE constexpr paged_layout(std::int32_t page_size, std::int32_t num_kv_heads,
+                                           std::int32_t head_dim)
+      : page_size_(page_size), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {}
+
+  //! bad_argument unless every dimension is positive, a page stays under 2 GiB, 4-bit codecs have
+  //! an even head_dim, and grouped codecs' group size divides head_dim.
+  [[nodiscard]] constexpr status validate() const noexcept {
+    if (page_size_ <= 0 || num_kv_heads_ <= 0 || head_dim_ <= 0 ||
+        static_cast<std::int64_t>(page_size_) * num_kv_heads_ * head_dim_ * 2 * 2 > (1LL << 30)) {
+      return errc::bad_argument;
+    }
+    if (!fits<KCodec>() || !fits<VCodec>()) {
+      return errc::bad_argument;
+    }
+    return {};
+  }
+
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int32_t page_size() const { return page_size_; }
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int32_t num_kv_heads() const {
+    return num_kv_heads_;
+  }
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int32_t head_dim() const { return head_dim_; }
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t elements() const {
+    return static_cast<std::int64_t>(page_size_) * num_kv_heads_ * head_dim_;
+  }
+
+  //! Index of element (token, head, channel) in a data region.
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t
+  element_index(std::int32_t token, std::int32_t head, std::int32_t channel) const {
+    if constexpr (Order == kv_order::nhd) {
+      return (static_cast<std::int64_t>(token) * num_kv_heads_ + head) * head_dim_ + channel;
+    } else {
+      return (static_cast<std::int64_t>(head) * page_size_ + token) * head_dim_ + channel;
+    }
+  }
+
+  //! Index of the parameter set that covers element (token, head, channel), for codec `C`.
+  template <kv_codec C>
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t
+  param_index(std::int32_t token, std::int32_t head, std::int32_t channel) const {
+    if constexpr (C::scaling == kv_scaling::per_token_head) {
+      return static_cast<std::int64_t>(head) * page_size_ + token;
+    } else if constexpr (C::scaling == kv_scaling::per_token_group) {
+      return (static_cast<std::int64_t>(head) * page_size_ + token) * (head_dim_ / C::group_size) +
+             channel / C::group_size;
+    } else if constexpr (C::scaling == kv_scaling::per_page_channel) {
+      return static_cast<std::int64_t>(head) * head_dim_ + channel;
+    } else {
+      return 0;
+    }
+  }
+
+  //! Parameter sets a region holds for codec `C`.
+  template <kv_codec C>
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t param_count() const {
+    if constexpr (C::scaling == kv_scaling::per_token_head) {
+      return static_cast<std::int64_t>(num_kv_heads_) * page_size_;
+    } else if constexpr (C::scaling == kv_scaling::per_token_group) {
+      return static_cast<std::int64_t>(num_kv_heads_) * page_size_ * (head_dim_ / C::group_size);
+    } else if constexpr (C::scaling == kv_scaling::per_page_channel) {
+      return static_cast<std::int64_t>(num_kv_heads_) * head_dim_;
+    } else {
+      return 0;
+    }
+  }
+
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t k_data_offset() const { return 0; }
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t v_data_offset() const {
+    return align16(data_bytes<KCodec>());
+  }
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t k_param_offset() const {
+    return v_data_offset() + align16(data_bytes<VCodec>());
+  }
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t v_param_offset() const {
+    return k_param_offset() + align16(param_count<KCodec>() * KCodec::param_bytes);
+  }
+  //! Bytes of one page of one layer, scales included; a multiple of 16.
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t bytes_per_page() const {
+    return v_param_offset() + align16(param_count<VCodec>() * VCodec::param_bytes);
+  }
+
+  //! Bytes of K (or V) element data in a page for codec `C`.
+  template <kv_codec C>
+  [[nodiscard]] KVKIT_HOST_DEVICE constexpr std::int64_t data_bytes() const {
+    return elements() * C::bits / 8;
+  }
+
+private:
+  [[nodiscard]] KVKIT_HOST_DEVICE static constexpr std::int64_t align16(std::int64_t n) {
+    return (n + 15) / 16 * 16;
+  }
+
+  template <kv_codec C>
+  [[nodiscard]] constexpr bool fits() const noexcept {
+    if (C::bits == 4 && head_dim_ % 2 != 0) {
+      return false;
+    }
+    if (C::scaling == kv_scaling::per_token_group && head_dim_ % C::group_size != 0) {
+      return false;
+    }
+    return true;
+  }
+
+  std::int32_t page_size_ = 0;
+  std::int32_t num_kv_heads_ = 0;
+  std::int32_t head_dim_ = 0;
+};
+
+} // namespace kvkit

@@ -1,0 +1,265 @@
+#pragma once
+//! kvkit's K/V codecs: fp16/bf16 passthrough, fp8 e4m3/e5m2 with static scales, int8 symmetric
+//! per token and head, int4 asymmetric per group of channels, and int4 per channel for K.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/config.hpp"
+#include "kvkit/quant/float_conversions.hpp"
+
+namespace kvkit {
+
+namespace detail {
+
+[[nodiscard]] KVKIT_HOST_DEVICE inline bool finite(float x) {
+  return (float_bits(x) & 0x7F800000U) != 0x7F800000U;
+}
+
+// Round to nearest, ties to even, then clamp to [lo, hi]; NaN gives `nan_code`.
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::int32_t
+round_clamp(float x, std::int32_t lo, std::int32_t hi, std::int32_t nan_code) {
+  if (x != x) {
+    return nan_code;
+  }
+  if (x <= static_cast<float>(lo)) {
+    return lo;
+  }
+  if (x >= static_cast<float>(hi)) {
+    return hi;
+  }
+  return static_cast<std::int32_t>(std::nearbyint(x)); // default rounding mode: ties to even
+}
+
+struct no_params {};
+
+struct scale_zero {
+  float scale; // step between codes
+  float zero;  // value of code 0
+};
+
+// Scale and zero point for `n` values mapped onto codes 0..levels, stored as fp16 (the encoder
+// uses the fp16-rounded values, so encode and decode agree with what the page holds).
+[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero fit_min_max(const float* xs, std::int32_t n,
+                                                              float levels) {
+  float lo = 0.0F;
+  float hi = 0.0F;
+  bool any = false;
+  for (std::int32_t i = 0; i < n; ++i) {
+    const float x = xs[i];
+    if (finite(x)) {
+      lo = any ? (x < lo ? x : lo) : x;
+      hi = any ? (x > hi ? x : hi) : x;
+      any = true;
+    }
+  }
+  // Parameters are fp16: a range beyond ±65504 saturates rather than becoming infinite.
+  constexpr float fp16_max = 65504.0F;
+  lo = lo < -fp16_max ? -fp16_max : (lo > fp16_max ? fp16_max : lo);
+  const float zero = fp16_bits_to_float(float_to_fp16_bits(lo));
+  const float top = hi > zero ? hi : zero;
+  const float step = (top - zero) / levels;
+  float scale = fp16_bits_to_float(float_to_fp16_bits(step < fp16_max ? step : fp16_max));
+  // fp16 rounding of the scale may fall short of reaching hi; never let codes saturate early.
+  if (scale < fp16_max && scale * levels + zero < top) {
+    scale = fp16_bits_to_float(static_cast<std::uint16_t>(float_to_fp16_bits(scale) + 1U));
+  }
+  return {scale, zero};
+}
+
+KVKIT_HOST_DEVICE inline void store_fp16_pair(const scale_zero& p, std::byte* out) {
+  const std::uint16_t v[2] = {float_to_fp16_bits(p.scale), float_to_fp16_bits(p.zero)};
+  std::memcpy(out, v, sizeof(v));
+}
+[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero load_fp16_pair(const std::byte* in) {
+  std::uint16_t v[2];
+  std::memcpy(v, in, sizeof(v));
+  return {fp16_bits_to_float(v[0]), fp16_bits_to_float(v[1])};
+}
+
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint32_t encode_min_max(float x, const scale_zero& p,
+                                                                    std::int32_t levels) {
+  if (!(p.scale > 0.0F)) {
+    return 0; // a constant group: every value is the zero point
+  }
+  // +Inf clamps to the top code, -Inf and NaN to code 0 (the group's minimum).
+  return static_cast<std::uint32_t>(round_clamp((x - p.zero) / p.scale, 0, levels, 0));
+}
+
+[[nodiscard]] KVKIT_HOST_DEVICE inline float decode_min_max(std::uint32_t code,
+                                                            const scale_zero& p) {
+  return std::fma(static_cast<float>(code), p.scale, p.zero);
+}
+
+} // namespace detail
+
+//! fp16 passthrough: the value rounded to IEEE binary16 (overflow to infinity).
+struct fp16_codec {
+  using params = detail::no_params;
+  static constexpr std::int32_t bits = 16;
+  static constexpr kv_scaling scaling = kv_scaling::none;
+  static constexpr std::int32_t group_size = 0;
+  static constexpr std::int32_t param_bytes = 0;
+  KVKIT_HOST_DEVICE static params fit(const float* /*xs*/, std::int32_t /*n*/) { return {}; }
+  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& /*p*/) {
+    return float_to_fp16_bits(x);
+  }
+  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& /*p*/) {
+    return fp16_bits_to_float(static_cast<std::uint16_t>(code));
+  }
+  KVKIT_HOST_DEVICE static void store(const params& /*p*/, std::byte* /*out*/) {}
+  KVKIT_HOST_DEVICE static params load(const std::byte* /*in*/) { return {}; }
+};
+
+//! bf16 passthrough: the value rounded to bfloat16.
+struct bf16_codec {
+  using params = detail::no_params;
+  static constexpr std::int32_t bits = 16;
+  static constexpr kv_scaling scaling = kv_scaling::none;
+  static constexpr std::int32_t group_size = 0;
+  static constexpr std::int32_t param_bytes = 0;
+  KVKIT_HOST_DEVICE static params fit(const float* /*xs*/, std::int32_t /*n*/) { return {}; }
+  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& /*p*/) {
+    return float_to_bf16_bits(x);
+  }
+  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& /*p*/) {
+    return bf16_bits_to_float(static_cast<std::uint16_t>(code));
+  }
+  KVKIT_HOST_DEVICE static void store(const params& /*p*/, std::byte* /*out*/) {}
+  KVKIT_HOST_DEVICE static params load(const std::byte* /*in*/) { return {}; }
+};
+
+//! fp8 with a static scale per KV head (or one per tensor): stores fp8(x / scale), saturating at
+//! the format's largest finite value; NaN stays NaN. The scale is a calibration result passed to
+//! the kernels (`fit` computes max|x| / fp8_max for calibration); it is not stored in pages.
+template <fp8_format Format>
+struct fp8_codec {
+  struct params {
+    float scale = 1.0F; // must be finite and > 0 (validated by the layout and the launchers)
+  };
+  static constexpr fp8_format format = Format;
+  static constexpr std::int32_t bits = 8;
+  static constexpr kv_scaling scaling = kv_scaling::static_per_head;
+  static constexpr std::int32_t group_size = 0;
+  static constexpr std::int32_t param_bytes = 0;
+  KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
+    float amax = 0.0F;
+    for (std::int32_t i = 0; i < n; ++i) {
+      const float a = std::fabs(xs[i]);
+      amax = detail::finite(a) && a > amax ? a : amax;
+    }
+    return {amax > 0.0F ? amax / fp8_max(Format) : 1.0F};
+  }
+  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
+    return float_to_fp8_bits(x / p.scale, Format);
+  }
+  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
+    return fp8_bits_to_float(static_cast<std::uint8_t>(code), Format) * p.scale;
+  }
+  KVKIT_HOST_DEVICE static void store(const params& /*p*/, std::byte* /*out*/) {}
+  KVKIT_HOST_DEVICE static params load(const std::byte* /*in*/) { return {}; }
+};
+
+using fp8_e4m3_codec = fp8_codec<fp8_format::e4m3>;
+using fp8_e5m2_codec = fp8_codec<fp8_format::e5m2>;
+
+//! int8 symmetric, one float scale per token and KV head: code = round(x / scale) in -127..127
+//! with scale = max|x| / 127 over the head's channels. ±Inf clamp to ±127, NaN encodes as 0.
+struct int8_codec {
+  struct params {
+    float scale = 0.0F;
+  };
+  static constexpr std::int32_t bits = 8;
+  static constexpr kv_scaling scaling = kv_scaling::per_token_head;
+  static constexpr std::int32_t group_size = 0;
+  static constexpr std::int32_t param_bytes = 4;
+  KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
+    float amax = 0.0F;
+    for (std::int32_t i = 0; i < n; ++i) {
+      const float a = std::fabs(xs[i]);
+      amax = detail::finite(a) && a > amax ? a : amax;
+    }
+    return {amax / 127.0F};
+  }
+  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
+    if (!(p.scale > 0.0F)) {
+      return 0;
+    }
+    const std::int32_t q = detail::round_clamp(x / p.scale, -127, 127, 0);
+    return static_cast<std::uint32_t>(q) & 0xFFU;
+  }
+  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
+    return static_cast<float>(static_cast<std::int8_t>(static_cast<std::uint8_t>(code))) * p.scale;
+  }
+  KVKIT_HOST_DEVICE static void store(const params& p, std::byte* out) {
+    std::memcpy(out, &p.scale, sizeof(float));
+  }
+  KVKIT_HOST_DEVICE static params load(const std::byte* in) {
+    params p;
+    std::memcpy(&p.scale, in, sizeof(float));
+    return p;
+  }
+};
+
+//! int4 asymmetric over groups of `Group` channels (32, 64 or 128) per token and KV head:
+//! code = round((x - min) / scale) in 0..15, scale = (max - min) / 15, both stored as fp16.
+//! +Inf clamps to 15, -Inf and NaN to 0; non-finite values do not move the group's range.
+template <std::int32_t Group>
+requires(Group == 32 || Group == 64 || Group == 128) struct int4_group_codec {
+  using params = detail::scale_zero;
+  static constexpr std::int32_t bits = 4;
+  static constexpr kv_scaling scaling = kv_scaling::per_token_group;
+  static constexpr std::int32_t group_size = Group;
+  static constexpr std::int32_t param_bytes = 4;
+  KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
+    return detail::fit_min_max(xs, n, 15.0F);
+  }
+  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
+    return detail::encode_min_max(x, p, 15);
+  }
+  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
+    return detail::decode_min_max(code & 0xFU, p);
+  }
+  KVKIT_HOST_DEVICE static void store(const params& p, std::byte* out) {
+    detail::store_fp16_pair(p, out);
+  }
+  KVKIT_HOST_DEVICE static params load(const std::byte* in) { return detail::load_fp16_pair(in); }
+};
+
+//! int4 asymmetric per channel over a page's tokens (for K, whose outliers sit in fixed channels):
+//! one fp16 scale and zero point per page, KV head and channel. Quantizes whole pages.
+struct int4_channel_codec {
+  using params = detail::scale_zero;
+  static constexpr std::int32_t bits = 4;
+  static constexpr kv_scaling scaling = kv_scaling::per_page_channel;
+  static constexpr std::int32_t group_size = 0;
+  static constexpr std::int32_t param_bytes = 4;
+  KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
+    return detail::fit_min_max(xs, n, 15.0F);
+  }
+  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
+    return detail::encode_min_max(x, p, 15);
+  }
+  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
+    return detail::decode_min_max(code & 0xFU, p);
+  }
+  KVKIT_HOST_DEVICE static void store(const params& p, std::byte* out) {
+    detail::store_fp16_pair(p, out);
+  }
+  KVKIT_HOST_DEVICE static params load(const std::byte* in) { return detail::load_fp16_pair(in); }
+};
+
+static_assert(kv_codec<fp16_codec>);
+static_assert(kv_codec<bf16_codec>);
+static_assert(kv_codec<fp8_e4m3_codec>);
+static_assert(kv_codec<fp8_e5m2_codec>);
+static_assert(kv_codec<int8_codec>);
+static_assert(kv_codec<int4_group_codec<32>>);
+static_assert(kv_codec<int4_group_codec<64>>);
+static_assert(kv_codec<int4_group_codec<128>>);
+static_assert(kv_codec<int4_channel_codec>);
+
+} // namespace kvkit
