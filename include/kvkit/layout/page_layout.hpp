@@ -140,8 +140,10 @@ private:
     if (C::bits == 4 && head_dim_ % 2 != 0) {
       return false;
     }
-    if (C::scaling == kv_scaling::per_token_group && head_dim_ % C::group_size != 0) {
-      return false;
+    if constexpr (C::scaling == kv_scaling::per_token_group) {
+      if (head_dim_ % C::group_size != 0) {
+        return false;
+      }
     }
     return true;
   }

@@ -2,10 +2,10 @@
 //! kvkit's K/V codecs: fp16/bf16 passthrough, fp8 e4m3/e5m2 with static scales, int8 symmetric
 //! per token and head, int4 asymmetric per group of channels, and int4 per channel for K.
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <math.h>
 
 #include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/config.hpp"
@@ -31,7 +31,7 @@ round_clamp(float x, std::int32_t lo, std::int32_t hi, std::int32_t nan_code) {
   if (x >= static_cast<float>(hi)) {
     return hi;
   }
-  return static_cast<std::int32_t>(std::nearbyint(x)); // default rounding mode: ties to even
+  return static_cast<std::int32_t>(::rintf(x)); // default rounding mode: ties to even
 }
 
 struct no_params {};
@@ -39,35 +39,69 @@ struct no_params {};
 struct scale_zero {
   float scale; // step between codes
   float zero;  // value of code 0
+  float inv;   // 1 / scale (0 for a constant group): encoders multiply, never divide
 };
 
-// Scale and zero point for `n` values mapped onto codes 0..levels, stored as fp16 (the encoder
-// uses the fp16-rounded values, so encode and decode agree with what the page holds).
-[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero fit_min_max(const float* xs, std::int32_t n,
-                                                              float levels) {
+[[nodiscard]] KVKIT_HOST_DEVICE inline float reciprocal(float scale) {
+  return scale > 0.0F ? 1.0F / scale : 0.0F;
+}
+
+// The finite range of a group: lo and hi over finite values, `any` false when there are none.
+struct finite_range {
   float lo = 0.0F;
   float hi = 0.0F;
   bool any = false;
+};
+
+[[nodiscard]] KVKIT_HOST_DEVICE inline finite_range range_of(const float* xs, std::int32_t n) {
+  finite_range r;
   for (std::int32_t i = 0; i < n; ++i) {
     const float x = xs[i];
     if (finite(x)) {
-      lo = any ? (x < lo ? x : lo) : x;
-      hi = any ? (x > hi ? x : hi) : x;
-      any = true;
+      r.lo = r.any ? (x < r.lo ? x : r.lo) : x;
+      r.hi = r.any ? (x > r.hi ? x : r.hi) : x;
+      r.any = true;
     }
+  }
+  return r;
+}
+
+// Scale and zero point mapping a range onto codes 0..levels, stored as fp16 (the encoder uses the
+// fp16-rounded values, so encode and decode agree with what the page holds). Kernels reduce a
+// group's range in parallel and call this same function, so host and device agree bit for bit.
+[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero min_max_params(finite_range r, float levels) {
+  if (!r.any) {
+    r.lo = 0.0F;
+    r.hi = 0.0F;
   }
   // Parameters are fp16: a range beyond ±65504 saturates rather than becoming infinite.
   constexpr float fp16_max = 65504.0F;
-  lo = lo < -fp16_max ? -fp16_max : (lo > fp16_max ? fp16_max : lo);
+  const float lo = r.lo < -fp16_max ? -fp16_max : (r.lo > fp16_max ? fp16_max : r.lo);
   const float zero = fp16_bits_to_float(float_to_fp16_bits(lo));
-  const float top = hi > zero ? hi : zero;
+  const float top = r.hi > zero ? r.hi : zero;
   const float step = (top - zero) / levels;
   float scale = fp16_bits_to_float(float_to_fp16_bits(step < fp16_max ? step : fp16_max));
   // fp16 rounding of the scale may fall short of reaching hi; never let codes saturate early.
-  if (scale < fp16_max && scale * levels + zero < top) {
+  // (In double the product is exact, so a fused multiply-add cannot change the comparison.)
+  if (scale < fp16_max &&
+      static_cast<double>(scale) * levels + static_cast<double>(zero) < static_cast<double>(top)) {
     scale = fp16_bits_to_float(static_cast<std::uint16_t>(float_to_fp16_bits(scale) + 1U));
   }
-  return {scale, zero};
+  return {scale, zero, reciprocal(scale)};
+}
+
+[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero fit_min_max(const float* xs, std::int32_t n,
+                                                              float levels) {
+  return min_max_params(range_of(xs, n), levels);
+}
+
+[[nodiscard]] KVKIT_HOST_DEVICE inline float finite_amax(const float* xs, std::int32_t n) {
+  float amax = 0.0F;
+  for (std::int32_t i = 0; i < n; ++i) {
+    const float a = ::fabsf(xs[i]);
+    amax = finite(a) && a > amax ? a : amax;
+  }
+  return amax;
 }
 
 KVKIT_HOST_DEVICE inline void store_fp16_pair(const scale_zero& p, std::byte* out) {
@@ -77,7 +111,8 @@ KVKIT_HOST_DEVICE inline void store_fp16_pair(const scale_zero& p, std::byte* ou
 [[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero load_fp16_pair(const std::byte* in) {
   std::uint16_t v[2];
   std::memcpy(v, in, sizeof(v));
-  return {fp16_bits_to_float(v[0]), fp16_bits_to_float(v[1])};
+  const float scale = fp16_bits_to_float(v[0]);
+  return {scale, fp16_bits_to_float(v[1]), reciprocal(scale)};
 }
 
 [[nodiscard]] KVKIT_HOST_DEVICE inline std::uint32_t encode_min_max(float x, const scale_zero& p,
@@ -86,12 +121,12 @@ KVKIT_HOST_DEVICE inline void store_fp16_pair(const scale_zero& p, std::byte* ou
     return 0; // a constant group: every value is the zero point
   }
   // +Inf clamps to the top code, -Inf and NaN to code 0 (the group's minimum).
-  return static_cast<std::uint32_t>(round_clamp((x - p.zero) / p.scale, 0, levels, 0));
+  return static_cast<std::uint32_t>(round_clamp((x - p.zero) * p.inv, 0, levels, 0));
 }
 
 [[nodiscard]] KVKIT_HOST_DEVICE inline float decode_min_max(std::uint32_t code,
                                                             const scale_zero& p) {
-  return std::fma(static_cast<float>(code), p.scale, p.zero);
+  return ::fmaf(static_cast<float>(code), p.scale, p.zero);
 }
 
 } // namespace detail
@@ -138,23 +173,22 @@ struct bf16_codec {
 template <fp8_format Format>
 struct fp8_codec {
   struct params {
-    float scale = 1.0F; // must be finite and > 0 (validated by the layout and the launchers)
+    float scale = 1.0F; // must be finite and > 0 (validated by the reference and the launchers)
+    float inv = 1.0F;   // 1 / scale
   };
+  //! Parameters for a calibrated scale.
+  KVKIT_HOST_DEVICE static params with_scale(float scale) { return {scale, 1.0F / scale}; }
   static constexpr fp8_format format = Format;
   static constexpr std::int32_t bits = 8;
   static constexpr kv_scaling scaling = kv_scaling::static_per_head;
   static constexpr std::int32_t group_size = 0;
   static constexpr std::int32_t param_bytes = 0;
   KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
-    float amax = 0.0F;
-    for (std::int32_t i = 0; i < n; ++i) {
-      const float a = std::fabs(xs[i]);
-      amax = detail::finite(a) && a > amax ? a : amax;
-    }
-    return {amax > 0.0F ? amax / fp8_max(Format) : 1.0F};
+    const float amax = detail::finite_amax(xs, n);
+    return with_scale(amax > 0.0F ? amax / fp8_max(Format) : 1.0F);
   }
   KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
-    return float_to_fp8_bits(x / p.scale, Format);
+    return float_to_fp8_bits(x * p.inv, Format);
   }
   KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
     return fp8_bits_to_float(static_cast<std::uint8_t>(code), Format) * p.scale;
@@ -166,29 +200,30 @@ struct fp8_codec {
 using fp8_e4m3_codec = fp8_codec<fp8_format::e4m3>;
 using fp8_e5m2_codec = fp8_codec<fp8_format::e5m2>;
 
-//! int8 symmetric, one float scale per token and KV head: code = round(x / scale) in -127..127
+//! int8 symmetric, one float scale per token and KV head: code = round(x * (1/scale)) in -127..127
 //! with scale = max|x| / 127 over the head's channels. ±Inf clamp to ±127, NaN encodes as 0.
 struct int8_codec {
   struct params {
     float scale = 0.0F;
+    float inv = 0.0F; // 1 / scale, not stored
   };
   static constexpr std::int32_t bits = 8;
   static constexpr kv_scaling scaling = kv_scaling::per_token_head;
   static constexpr std::int32_t group_size = 0;
   static constexpr std::int32_t param_bytes = 4;
   KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
-    float amax = 0.0F;
-    for (std::int32_t i = 0; i < n; ++i) {
-      const float a = std::fabs(xs[i]);
-      amax = detail::finite(a) && a > amax ? a : amax;
-    }
-    return {amax / 127.0F};
+    return from_amax(detail::finite_amax(xs, n));
+  }
+  //! Parameters from a group's largest finite magnitude (what `fit` reduces to).
+  KVKIT_HOST_DEVICE static params from_amax(float amax) {
+    const float scale = amax / 127.0F;
+    return {scale, detail::reciprocal(scale)};
   }
   KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
     if (!(p.scale > 0.0F)) {
       return 0;
     }
-    const std::int32_t q = detail::round_clamp(x / p.scale, -127, 127, 0);
+    const std::int32_t q = detail::round_clamp(x * p.inv, -127, 127, 0);
     return static_cast<std::uint32_t>(q) & 0xFFU;
   }
   KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
@@ -200,6 +235,7 @@ struct int8_codec {
   KVKIT_HOST_DEVICE static params load(const std::byte* in) {
     params p;
     std::memcpy(&p.scale, in, sizeof(float));
+    p.inv = detail::reciprocal(p.scale);
     return p;
   }
 };
@@ -216,6 +252,10 @@ requires(Group == 32 || Group == 64 || Group == 128) struct int4_group_codec {
   static constexpr std::int32_t param_bytes = 4;
   KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
     return detail::fit_min_max(xs, n, 15.0F);
+  }
+  //! Parameters from a group's finite range (what `fit` reduces to).
+  KVKIT_HOST_DEVICE static params from_range(detail::finite_range r) {
+    return detail::min_max_params(r, 15.0F);
   }
   KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
     return detail::encode_min_max(x, p, 15);
@@ -239,6 +279,10 @@ struct int4_channel_codec {
   static constexpr std::int32_t param_bytes = 4;
   KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
     return detail::fit_min_max(xs, n, 15.0F);
+  }
+  //! Parameters from a group's finite range (what `fit` reduces to).
+  KVKIT_HOST_DEVICE static params from_range(detail::finite_range r) {
+    return detail::min_max_params(r, 15.0F);
   }
   KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
     return detail::encode_min_max(x, p, 15);

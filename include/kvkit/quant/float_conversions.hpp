@@ -59,9 +59,8 @@ round_to_format(std::uint32_t abs_bits, std::int32_t mbits, std::int32_t bias) {
 
 } // namespace detail
 
-//! float -> IEEE binary16, round to nearest even; overflow gives infinity, NaN gives 0x7FFF
-//! (what CUDA's __float2half_rn gives).
-[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint16_t float_to_fp16_bits(float x) {
+//! float -> IEEE binary16 in integer arithmetic (the host path of float_to_fp16_bits).
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint16_t soft_float_to_fp16_bits(float x) {
   const std::uint32_t u = detail::float_bits(x);
   const std::uint32_t sign = (u >> 16) & 0x8000U;
   const std::uint32_t a = u & 0x7FFFFFFFU;
@@ -78,8 +77,8 @@ round_to_format(std::uint32_t abs_bits, std::int32_t mbits, std::int32_t bias) {
   return static_cast<std::uint16_t>(sign | code);
 }
 
-//! IEEE binary16 -> float (exact).
-[[nodiscard]] KVKIT_HOST_DEVICE inline float fp16_bits_to_float(std::uint16_t h) {
+//! IEEE binary16 -> float in integer arithmetic (the host path of fp16_bits_to_float).
+[[nodiscard]] KVKIT_HOST_DEVICE inline float soft_fp16_bits_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000U) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1FU;
   const std::uint32_t man = h & 0x3FFU;
@@ -94,9 +93,8 @@ round_to_format(std::uint32_t abs_bits, std::int32_t mbits, std::int32_t bias) {
   return detail::bits_float(sign | ((exp + 112U) << 23) | (man << 13));
 }
 
-//! float -> bfloat16, round to nearest even; NaN gives 0x7FFF (what CUDA's __float2bfloat16_rn
-//! gives).
-[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float x) {
+//! float -> bfloat16 in integer arithmetic (the host path of float_to_bf16_bits).
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint16_t soft_float_to_bf16_bits(float x) {
   const std::uint32_t u = detail::float_bits(x);
   if ((u & 0x7FFFFFFFU) > 0x7F800000U) {
     return 0x7FFF;
@@ -120,10 +118,8 @@ enum class fp8_format : std::uint8_t {
   return f == fp8_format::e4m3 ? 448.0F : 57344.0F;
 }
 
-//! float -> fp8, round to nearest even, saturating: values beyond the largest finite (±Inf too)
-//! become ±largest finite; NaN becomes 0x7F. Bit-exact with CUDA's
-//! `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...)`.
-[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint8_t float_to_fp8_bits(float x, fp8_format f) {
+//! float -> fp8 in integer arithmetic (the host path of float_to_fp8_bits).
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint8_t soft_float_to_fp8_bits(float x, fp8_format f) {
   const std::uint32_t u = detail::float_bits(x);
   const std::uint32_t sign = (u >> 24) & 0x80U;
   const std::uint32_t a = u & 0x7FFFFFFFU;
@@ -142,12 +138,57 @@ enum class fp8_format : std::uint8_t {
   return static_cast<std::uint8_t>(sign | code);
 }
 
-//! fp8 -> float (exact). e4m3: 0x7F and 0xFF are NaN. e5m2: exponent 31 is Inf or NaN.
-[[nodiscard]] KVKIT_HOST_DEVICE inline float fp8_bits_to_float(std::uint8_t c, fp8_format f) {
+//! float -> IEEE binary16, round to nearest even; overflow gives infinity, NaN gives 0x7FFF (what
+//! CUDA's __float2half_rn gives). On the device this is the conversion instruction, which the
+//! tests prove equal to the integer version bit for bit.
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint16_t float_to_fp16_bits(float x) {
+#if KVKIT_IS_DEVICE_CODE
+  std::uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return (h & 0x7FFFU) > 0x7C00U ? std::uint16_t{0x7FFF} : h; // canonical NaN
+#else
+  return soft_float_to_fp16_bits(x);
+#endif
+}
+
+//! float -> bfloat16, round to nearest even; NaN gives 0x7FFF (what CUDA's __float2bfloat16_rn
+//! gives). On the device this is the conversion instruction.
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float x) {
+#if KVKIT_IS_DEVICE_CODE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  std::uint16_t b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(x));
+  return (b & 0x7FFFU) > 0x7F80U ? std::uint16_t{0x7FFF} : b;
+#else
+  return soft_float_to_bf16_bits(x);
+#endif
+}
+
+//! float -> fp8, round to nearest even, saturating: values beyond the largest finite (±Inf too)
+//! become ±largest finite; NaN becomes 0x7F. Bit-exact with CUDA's
+//! `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...)`; on sm_89 and later devices it is the
+//! conversion instruction.
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint8_t float_to_fp8_bits(float x, fp8_format f) {
+#if KVKIT_IS_DEVICE_CODE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  std::uint16_t pair;
+  if (f == fp8_format::e4m3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(pair) : "f"(x), "f"(0.0F));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %2, %1;" : "=h"(pair) : "f"(x), "f"(0.0F));
+  }
+  const auto code = static_cast<std::uint8_t>(pair & 0xFFU);
+  // NaN: the instruction keeps the sign; kvkit (like cuda_fp8.h's host path) gives 0x7F.
+  return x != x ? std::uint8_t{0x7F} : code;
+#else
+  return soft_float_to_fp8_bits(x, f);
+#endif
+}
+
+//! fp8 -> float in integer arithmetic (the host path of fp8_bits_to_float).
+[[nodiscard]] KVKIT_HOST_DEVICE inline float soft_fp8_bits_to_float(std::uint8_t c, fp8_format f) {
   const std::uint32_t sign = static_cast<std::uint32_t>(c & 0x80U) << 24;
   if (f == fp8_format::e5m2) {
     // e5m2 is the top byte of a binary16
-    return fp16_bits_to_float(static_cast<std::uint16_t>(static_cast<std::uint32_t>(c) << 8));
+    return soft_fp16_bits_to_float(static_cast<std::uint16_t>(static_cast<std::uint32_t>(c) << 8));
   }
   const std::uint32_t exp = (c >> 3) & 0xFU;
   const std::uint32_t man = c & 0x7U;
@@ -159,6 +200,34 @@ enum class fp8_format : std::uint8_t {
     return sign != 0 ? -mag : mag;
   }
   return detail::bits_float(sign | ((exp + 120U) << 23) | (man << 20));
+}
+
+//! IEEE binary16 -> float (exact; on the device the conversion instruction).
+[[nodiscard]] KVKIT_HOST_DEVICE inline float fp16_bits_to_float(std::uint16_t h) {
+#if KVKIT_IS_DEVICE_CODE
+  float x;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));
+  return x;
+#else
+  return soft_fp16_bits_to_float(h);
+#endif
+}
+
+//! fp8 -> float (exact). e4m3: 0x7F and 0xFF are NaN. e5m2: exponent 31 is Inf or NaN. On sm_89
+//! and later devices, the conversion instructions.
+[[nodiscard]] KVKIT_HOST_DEVICE inline float fp8_bits_to_float(std::uint8_t c, fp8_format f) {
+#if KVKIT_IS_DEVICE_CODE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  std::uint32_t pair;
+  const auto in = static_cast<std::uint16_t>(c);
+  if (f == fp8_format::e4m3) {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"(in));
+  } else {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(pair) : "h"(in));
+  }
+  return fp16_bits_to_float(static_cast<std::uint16_t>(pair & 0xFFFFU));
+#else
+  return soft_fp8_bits_to_float(c, f);
+#endif
 }
 
 } // namespace kvkit

@@ -46,11 +46,11 @@ std::uint32_t get_code(const std::byte* data, std::int64_t index) {
 
 template <kv_codec C>
 typename C::params static_params(const float* scales, std::int32_t head) {
-  typename C::params p{};
   if constexpr (C::scaling == kv_scaling::static_per_head) {
-    p.scale = scales[head];
+    return C::with_scale(scales[head]);
+  } else {
+    return typename C::params{};
   }
-  return p;
 }
 
 template <kv_codec C>

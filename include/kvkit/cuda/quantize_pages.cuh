@@ -1,0 +1,482 @@
+#pragma once
+//! Bulk page quantization on the GPU: K/V of whole pages (fp32, fp16 or bf16) into a paged cache in
+//! any kvkit codec and layout, scales included, and back. Bit-exact with kvkit::reference.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/error.hpp"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/quant/codecs.hpp"
+
+namespace kvkit::cuda {
+
+//! Element types the page kernels read and write outside the cache.
+template <class T>
+concept page_element =
+    std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+//! Arguments shared by quantize_pages and dequantize_pages. All pointers are device pointers.
+template <class Layout, page_element T>
+struct page_batch {
+  Layout layout;                          //!< page geometry and codecs
+  std::byte* cache = nullptr;             //!< [capacity][layout.bytes_per_page()] one layer
+  std::int32_t capacity = 0;              //!< pages in `cache`
+  const std::int32_t* page_ids = nullptr; //!< [num_pages] pages to write (or read)
+  std::int32_t num_pages = 0;             //!< pages in this batch
+  T* k = nullptr;                         //!< [num_pages][page_size][kv_heads][head_dim]
+  T* v = nullptr;                         //!< same shape as k
+  const float* static_scales = nullptr;   //!< [2][kv_heads]: K's then V's (fp8 codecs)
+};
+
+//! bad_argument unless the layout is valid and fits the kernels (head_dim a multiple of 8 and,
+//! for per-token-head codecs, 64, 128 or 256), the batch is non-negative, the pointers that the
+//! codecs need are set, and capacity > 0 when there is work.
+template <class Layout, page_element T>
+[[nodiscard]] status validate(const page_batch<Layout, T>& b) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  const auto& l = b.layout;
+  if (!l.validate().ok() || l.head_dim() % 8 != 0 || b.num_pages < 0) {
+    return errc::bad_argument;
+  }
+  const auto head_vector_ok = [&](auto codec) {
+    using C = decltype(codec);
+    if constexpr (C::scaling == kv_scaling::per_token_head) {
+      return l.head_dim() == 64 || l.head_dim() == 128 || l.head_dim() == 256;
+    }
+    return true;
+  };
+  if (!head_vector_ok(K{}) || !head_vector_ok(V{})) {
+    return errc::bad_argument;
+  }
+  constexpr bool needs_scales =
+      K::scaling == kv_scaling::static_per_head || V::scaling == kv_scaling::static_per_head;
+  if (b.num_pages > 0 &&
+      (b.cache == nullptr || b.page_ids == nullptr || b.k == nullptr || b.v == nullptr ||
+       b.capacity <= 0 || (needs_scales && b.static_scales == nullptr))) {
+    return errc::bad_argument;
+  }
+  return {};
+}
+
+namespace detail {
+
+template <class T>
+__device__ inline float to_float(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return fp16_bits_to_float(__half_as_ushort(x));
+  } else {
+    return bf16_bits_to_float(__bfloat16_as_ushort(x));
+  }
+}
+
+template <class T>
+__device__ inline T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __ushort_as_half(float_to_fp16_bits(x));
+  } else {
+    return __ushort_as_bfloat16(float_to_bf16_bits(x));
+  }
+}
+
+// Eight consecutive elements of T, loaded and stored with 16-byte (or two 16-byte) accesses.
+template <class T>
+__device__ inline void load8(const T* src, float (&x)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 a = reinterpret_cast<const float4*>(src)[0];
+    const float4 b = reinterpret_cast<const float4*>(src)[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[i] = to_float(e[i]);
+    }
+  }
+}
+
+template <class T>
+__device__ inline void store8(T* dst, const float (&x)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      e[i] = from_float<T>(x[i]);
+    }
+    *reinterpret_cast<uint4*>(dst) = raw;
+  }
+}
+
+// Eight codes of C, packed as they lie in the page: 16 bytes (16-bit), 8 (8-bit) or 4 (4-bit).
+template <kv_codec C>
+__device__ inline void store_codes(std::byte* dst, const std::uint32_t (&q)[8]) {
+  if constexpr (C::bits == 16) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(q[0] | (q[1] << 16), q[2] | (q[3] << 16),
+                                                q[4] | (q[5] << 16), q[6] | (q[7] << 16));
+  } else if constexpr (C::bits == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(q[0] | (q[1] << 8) | (q[2] << 16) | (q[3] << 24),
+                                                q[4] | (q[5] << 8) | (q[6] << 16) | (q[7] << 24));
+  } else {
+    std::uint32_t w = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      w |= (q[i] & 0xFU) << (4 * i);
+    }
+    *reinterpret_cast<std::uint32_t*>(dst) = w;
+  }
+}
+
+template <kv_codec C>
+__device__ inline void load_codes(const std::byte* src, std::uint32_t (&q)[8]) {
+  if constexpr (C::bits == 16) {
+    const uint4 w = *reinterpret_cast<const uint4*>(src);
+    const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q[2 * i] = words[i] & 0xFFFFU;
+      q[2 * i + 1] = words[i] >> 16;
+    }
+  } else if constexpr (C::bits == 8) {
+    const uint2 w = *reinterpret_cast<const uint2*>(src);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q[i] = (w.x >> (8 * i)) & 0xFFU;
+      q[4 + i] = (w.y >> (8 * i)) & 0xFFU;
+    }
+  } else {
+    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(src);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = (w >> (4 * i)) & 0xFU;
+    }
+  }
+}
+
+// Lanes that share one parameter set: a power of two dividing 32 (1 when there is none).
+template <kv_codec C>
+__device__ inline int group_lanes(std::int32_t head_dim) {
+  if constexpr (C::scaling == kv_scaling::per_token_group) {
+    return C::group_size / 8;
+  } else if constexpr (C::scaling == kv_scaling::per_token_head) {
+    return head_dim / 8;
+  } else {
+    return 1;
+  }
+}
+
+// Parameters of the group this lane's eight values belong to, reduced across the group's lanes.
+// Every lane of the warp must call it (the shuffles use the full mask).
+template <kv_codec C>
+__device__ inline typename C::params group_params(const float (&x)[8], int lanes, float scale) {
+  if constexpr (C::scaling == kv_scaling::static_per_head) {
+    return C::with_scale(scale);
+  } else if constexpr (C::scaling == kv_scaling::per_token_head) {
+    float amax = kvkit::detail::finite_amax(x, 8);
+    for (int off = lanes / 2; off > 0; off /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFU, amax, off));
+    }
+    return C::from_amax(amax);
+  } else if constexpr (C::scaling == kv_scaling::per_token_group) {
+    const kvkit::detail::finite_range r = kvkit::detail::range_of(x, 8);
+    float lo = r.any ? r.lo : __int_as_float(0x7F800000);
+    float hi = r.any ? r.hi : -__int_as_float(0x7F800000);
+    int any = r.any ? 1 : 0;
+    for (int off = lanes / 2; off > 0; off /= 2) {
+      lo = fminf(lo, __shfl_xor_sync(0xFFFFFFFFU, lo, off));
+      hi = fmaxf(hi, __shfl_xor_sync(0xFFFFFFFFU, hi, off));
+      any |= __shfl_xor_sync(0xFFFFFFFFU, any, off);
+    }
+    return C::from_range({lo, hi, any != 0});
+  } else {
+    return typename C::params{};
+  }
+}
+
+// Rows codecs (parameters cover a token's channels): one CTA per (page, token); thread i takes the
+// i-th chunk of eight channels of the token's heads, so consecutive lanes read consecutive 16
+// bytes and a group's lanes are adjacent. Loops are warp-uniform, so every lane takes part in
+// the shuffles; groups never mix valid and idle lanes because a token holds whole groups.
+// Tokens one CTA of the rows kernels covers: their loads are issued together, so each thread
+// keeps this many 16-byte accesses in flight.
+inline constexpr std::int32_t tokens_per_cta = 4;
+
+template <kv_codec C, class Layout, class T>
+__global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
+                                     const std::int32_t* page_ids, std::int64_t data_offset,
+                                     std::int64_t param_offset, const float* scales) {
+  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
+  std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+  const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8); // chunks per head
+  const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
+  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+  const T* rows =
+      src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems;
+  const int lanes = group_lanes<C>(l.head_dim());
+  const std::int32_t group =
+      C::scaling == kv_scaling::per_token_group ? C::group_size : l.head_dim();
+  for (std::uint32_t base = threadIdx.x & ~31U; base < chunks; base += blockDim.x) {
+    const std::uint32_t chunk = base + (threadIdx.x & 31U);
+    const auto head = static_cast<std::int32_t>(chunk / cpr);
+    const auto channel = static_cast<std::int32_t>(chunk % cpr) * 8;
+    bool valid[tokens_per_cta];
+    float x[tokens_per_cta][8];
+#pragma unroll
+    for (int u = 0; u < tokens_per_cta; ++u) {
+      valid[u] = chunk < chunks && token0 + u < l.page_size();
+      if (valid[u]) {
+        load8(rows + u * row_elems + static_cast<std::int64_t>(chunk) * 8, x[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          x[u][i] = 0.0F;
+        }
+      }
+    }
+    const float scale = scales != nullptr && chunk < chunks ? scales[head] : 1.0F;
+#pragma unroll
+    for (int u = 0; u < tokens_per_cta; ++u) {
+      const auto p = group_params<C>(x[u], lanes, scale);
+      if (valid[u]) {
+        const std::int32_t token = token0 + u;
+        std::uint32_t q[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          q[i] = C::encode(x[u][i], p);
+        }
+        store_codes<C>(page + data_offset + l.element_index(token, head, channel) * C::bits / 8, q);
+        if constexpr (C::param_bytes > 0) {
+          if (channel % group == 0) {
+            C::store(p, page + param_offset +
+                            l.template param_index<C>(token, head, channel) * C::param_bytes);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <kv_codec C, class Layout, class T>
+__global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
+                                       const std::int32_t* page_ids, std::int64_t data_offset,
+                                       std::int64_t param_offset, T* dst, const float* scales) {
+  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
+  const std::byte* page =
+      cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+  const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8);
+  const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
+  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+  T* rows = dst + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems;
+  for (std::uint32_t chunk = threadIdx.x; chunk < chunks; chunk += blockDim.x) {
+    const auto head = static_cast<std::int32_t>(chunk / cpr);
+    const auto channel = static_cast<std::int32_t>(chunk % cpr) * 8;
+    std::uint32_t q[tokens_per_cta][8];
+    typename C::params p[tokens_per_cta];
+#pragma unroll
+    for (int u = 0; u < tokens_per_cta; ++u) {
+      const std::int32_t token = token0 + u;
+      if (token < l.page_size()) {
+        load_codes<C>(page + data_offset + l.element_index(token, head, channel) * C::bits / 8,
+                      q[u]);
+        if constexpr (C::scaling == kv_scaling::static_per_head) {
+          p[u] = C::with_scale(scales[head]);
+        } else if constexpr (C::param_bytes > 0) {
+          p[u] = C::load(page + param_offset +
+                         l.template param_index<C>(token, head, channel) * C::param_bytes);
+        } else {
+          p[u] = typename C::params{};
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < tokens_per_cta; ++u) {
+      if (token0 + u < l.page_size()) {
+        float x[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          x[i] = C::decode(q[u][i], p[u]);
+        }
+        store8(rows + u * row_elems + static_cast<std::int64_t>(chunk) * 8, x);
+      }
+    }
+  }
+}
+
+// Per-channel codecs: one CTA per page; a thread owns eight adjacent channels of one head and
+// walks the page's tokens twice (range, then codes), with 16-byte loads.
+template <kv_codec C, class Layout, class T>
+__global__ void quantize_columns_kernel(Layout l, const T* src, std::byte* cache,
+                                        const std::int32_t* page_ids, std::int64_t data_offset,
+                                        std::int64_t param_offset) {
+  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+  std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+  const T* base = src + static_cast<std::int64_t>(page_index) * l.elements();
+  const std::int32_t heads = l.num_kv_heads();
+  const std::int32_t dim = l.head_dim();
+  for (std::int32_t col = static_cast<std::int32_t>(threadIdx.x); col < heads * dim / 8;
+       col += static_cast<std::int32_t>(blockDim.x)) {
+    const std::int32_t h = col / (dim / 8);
+    const std::int32_t c = (col % (dim / 8)) * 8;
+    kvkit::detail::finite_range r[8];
+    for (std::int32_t t = 0; t < l.page_size(); ++t) {
+      float x[8];
+      load8(base + (static_cast<std::int64_t>(t) * heads + h) * dim + c, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (kvkit::detail::finite(x[j])) {
+          r[j].lo = r[j].any ? fminf(x[j], r[j].lo) : x[j];
+          r[j].hi = r[j].any ? fmaxf(x[j], r[j].hi) : x[j];
+          r[j].any = true;
+        }
+      }
+    }
+    typename C::params p[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      p[j] = C::from_range(r[j]);
+      C::store(p[j], page + param_offset + l.template param_index<C>(0, h, c + j) * C::param_bytes);
+    }
+    for (std::int32_t t = 0; t < l.page_size(); ++t) {
+      float x[8];
+      load8(base + (static_cast<std::int64_t>(t) * heads + h) * dim + c, x);
+      std::uint32_t q[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        q[j] = C::encode(x[j], p[j]);
+      }
+      store_codes<C>(page + data_offset + l.element_index(t, h, c) * C::bits / 8, q);
+    }
+  }
+}
+
+template <kv_codec C, class Layout, class T>
+__global__ void dequantize_columns_kernel(Layout l, const std::byte* cache,
+                                          const std::int32_t* page_ids, std::int64_t data_offset,
+                                          std::int64_t param_offset, T* dst) {
+  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+  const std::byte* page =
+      cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+  T* base = dst + static_cast<std::int64_t>(page_index) * l.elements();
+  const std::int32_t heads = l.num_kv_heads();
+  const std::int32_t dim = l.head_dim();
+  for (std::int32_t col = static_cast<std::int32_t>(threadIdx.x); col < heads * dim / 8;
+       col += static_cast<std::int32_t>(blockDim.x)) {
+    const std::int32_t h = col / (dim / 8);
+    const std::int32_t c = (col % (dim / 8)) * 8;
+    typename C::params p[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      p[j] = C::load(page + param_offset + l.template param_index<C>(0, h, c + j) * C::param_bytes);
+    }
+    for (std::int32_t t = 0; t < l.page_size(); ++t) {
+      std::uint32_t q[8];
+      load_codes<C>(page + data_offset + l.element_index(t, h, c) * C::bits / 8, q);
+      float x[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        x[j] = C::decode(q[j], p[j]);
+      }
+      store8(base + (static_cast<std::int64_t>(t) * heads + h) * dim + c, x);
+    }
+  }
+}
+
+// Threads for a CTA that covers `chunks` chunks: whole warps, at most 1024.
+inline unsigned threads_for(std::int64_t chunks) {
+  const std::int64_t warps = (chunks + 31) / 32;
+  return static_cast<unsigned>(std::min<std::int64_t>(warps, 32) * 32);
+}
+
+// Launches the kernel of one region (K or V) of codec C.
+template <kv_codec C, bool Quantize, class Layout, class T>
+cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int64_t data_offset,
+                          std::int64_t param_offset, const float* scales, cudaStream_t stream) {
+  const Layout& l = b.layout;
+  const auto pages = static_cast<unsigned>(b.num_pages);
+  if constexpr (C::scaling == kv_scaling::per_page_channel) {
+    const unsigned threads =
+        threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
+    if constexpr (Quantize) {
+      quantize_columns_kernel<C><<<pages, threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
+                                                                data_offset, param_offset);
+    } else {
+      dequantize_columns_kernel<C><<<pages, threads, 0, stream>>>(
+          l, b.cache, b.page_ids, data_offset, param_offset, elements);
+    }
+  } else {
+    const unsigned threads =
+        threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
+    const dim3 grid(pages,
+                    static_cast<unsigned>((l.page_size() + tokens_per_cta - 1) / tokens_per_cta));
+    if constexpr (Quantize) {
+      quantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
+                                                            data_offset, param_offset, scales);
+    } else {
+      dequantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, b.cache, b.page_ids, data_offset,
+                                                              param_offset, elements, scales);
+    }
+  }
+  return cudaGetLastError();
+}
+
+template <bool Quantize, class Layout, class T>
+cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
+  const Layout& l = b.layout;
+  const float* v_scales = b.static_scales == nullptr ? nullptr : b.static_scales + l.num_kv_heads();
+  const cudaError_t k = launch_region<typename Layout::k_codec, Quantize>(
+      b, b.k, l.k_data_offset(), l.k_param_offset(), b.static_scales, stream);
+  if (k != cudaSuccess) {
+    return k;
+  }
+  return launch_region<typename Layout::v_codec, Quantize>(b, b.v, l.v_data_offset(),
+                                                           l.v_param_offset(), v_scales, stream);
+}
+
+} // namespace detail
+
+//! Quantizes whole pages: `b.k` and `b.v` hold `b.num_pages` pages of K and V, written into
+//! cache pages `b.page_ids`, scales included. Asynchronous on `stream`; returns the validation
+//! error or the launch's error. Page ids are not bounds-checked on the device: ids must be in
+//! 0 .. capacity-1 (a block_table's pages are).
+template <class Layout, page_element T>
+[[nodiscard]] cudaError_t quantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
+  if (!validate(b).ok()) {
+    return cudaErrorInvalidValue;
+  }
+  if (b.num_pages == 0) {
+    return cudaSuccess;
+  }
+  return detail::launch<true>(b, stream);
+}
+
+//! Decodes cache pages `b.page_ids` into `b.k` and `b.v` (the inverse of quantize_pages).
+template <class Layout, page_element T>
+[[nodiscard]] cudaError_t dequantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
+  if (!validate(b).ok()) {
+    return cudaErrorInvalidValue;
+  }
+  if (b.num_pages == 0) {
+    return cudaSuccess;
+  }
+  return detail::launch<false>(b, stream);
+}
+
+} // namespace kvkit::cuda

@@ -1,0 +1,186 @@
+#include <cuda_fp8.h>
+
+#include "cuda/quantize_device.hpp"
+#include "kvkit/cuda/quantize_pages.cuh"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/quant/codecs.hpp"
+
+namespace kvkit_test {
+
+namespace {
+
+template <class T>
+struct device_array {
+  explicit device_array(std::size_t n) : size(n) { err = cudaMalloc(&ptr, n * sizeof(T) + 16); }
+  ~device_array() { cudaFree(ptr); }
+  device_array(const device_array&) = delete;
+  device_array& operator=(const device_array&) = delete;
+  T* ptr = nullptr;
+  std::size_t size;
+  cudaError_t err;
+};
+
+#define KVKIT_TRY(expr)                                                                            \
+  do {                                                                                             \
+    const cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) {                                                                       \
+      out.error = e_;                                                                              \
+      return out;                                                                                  \
+    }                                                                                              \
+  } while (false)
+
+__device__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+__global__ void conversion_kernel(std::uint64_t seed, std::int64_t n,
+                                  unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t u = hash32(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i));
+    if ((i & 1) != 0) {
+      // Half the draws near the fp8/fp16 ranges: exponent in [2^-30, 2^20].
+      u = (u & 0x807FFFFFU) | (static_cast<std::uint32_t>(97 + (u >> 23) % 50) << 23);
+    }
+    const float x = __uint_as_float(u);
+    bad += __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) !=
+                   kvkit::soft_float_to_fp8_bits(x, kvkit::fp8_format::e4m3)
+               ? 1
+               : 0;
+    bad += __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2) !=
+                   kvkit::soft_float_to_fp8_bits(x, kvkit::fp8_format::e5m2)
+               ? 1
+               : 0;
+    bad += __half_as_ushort(__float2half_rn(x)) != kvkit::soft_float_to_fp16_bits(x) ? 1 : 0;
+    bad +=
+        __bfloat16_as_ushort(__float2bfloat16_rn(x)) != kvkit::soft_float_to_bf16_bits(x) ? 1 : 0;
+    // And the device path of kvkit's public conversions against the integer versions.
+    bad += kvkit::float_to_fp8_bits(x, kvkit::fp8_format::e4m3) !=
+                   kvkit::soft_float_to_fp8_bits(x, kvkit::fp8_format::e4m3)
+               ? 1
+               : 0;
+    bad += kvkit::float_to_fp8_bits(x, kvkit::fp8_format::e5m2) !=
+                   kvkit::soft_float_to_fp8_bits(x, kvkit::fp8_format::e5m2)
+               ? 1
+               : 0;
+    bad += kvkit::float_to_fp16_bits(x) != kvkit::soft_float_to_fp16_bits(x) ? 1 : 0;
+    bad += kvkit::float_to_bf16_bits(x) != kvkit::soft_float_to_bf16_bits(x) ? 1 : 0;
+    if (i < 65536) {
+      // Every fp16 code, and every fp8 code, decoded both ways (NaN compares as NaN).
+      const auto h = static_cast<std::uint16_t>(i);
+      const float hw = kvkit::fp16_bits_to_float(h);
+      const float sw = kvkit::soft_fp16_bits_to_float(h);
+      bad += (hw == sw || (hw != hw && sw != sw)) ? 0 : 1;
+      if (i < 256) {
+        for (const auto f : {kvkit::fp8_format::e4m3, kvkit::fp8_format::e5m2}) {
+          const float a = kvkit::fp8_bits_to_float(static_cast<std::uint8_t>(i), f);
+          const float b = kvkit::soft_fp8_bits_to_float(static_cast<std::uint8_t>(i), f);
+          bad += (a == b || (a != a && b != b)) ? 0 : 1;
+        }
+      }
+    }
+  }
+  if (bad != 0) {
+    atomicAdd(mismatches, bad);
+  }
+}
+
+} // namespace
+
+template <class Layout, class T>
+device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k,
+                                   const std::vector<T>& v,
+                                   const std::vector<std::int32_t>& page_ids, std::int32_t capacity,
+                                   const std::vector<float>& static_scales) {
+  device_round_trip<T> out;
+  const auto cache_bytes = static_cast<std::size_t>(capacity * layout.bytes_per_page());
+  device_array<std::byte> cache(cache_bytes);
+  device_array<T> dk(k.size());
+  device_array<T> dv(v.size());
+  device_array<std::int32_t> ids(page_ids.size());
+  device_array<float> scales(static_scales.size() + 1);
+  KVKIT_TRY(cache.err);
+  KVKIT_TRY(dk.err);
+  KVKIT_TRY(dv.err);
+  KVKIT_TRY(ids.err);
+  KVKIT_TRY(scales.err);
+  KVKIT_TRY(cudaMemset(cache.ptr, 0xA5, cache_bytes));
+  KVKIT_TRY(cudaMemcpy(dk.ptr, k.data(), k.size() * sizeof(T), cudaMemcpyHostToDevice));
+  KVKIT_TRY(cudaMemcpy(dv.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  KVKIT_TRY(cudaMemcpy(ids.ptr, page_ids.data(), page_ids.size() * 4, cudaMemcpyHostToDevice));
+  KVKIT_TRY(cudaMemcpy(scales.ptr, static_scales.data(), static_scales.size() * 4,
+                       cudaMemcpyHostToDevice));
+  kvkit::cuda::page_batch<Layout, T> b{
+      layout, cache.ptr, capacity,  ids.ptr, static_cast<std::int32_t>(page_ids.size()),
+      dk.ptr, dv.ptr,    scales.ptr};
+  KVKIT_TRY(kvkit::cuda::quantize_pages(b, nullptr));
+  KVKIT_TRY(cudaDeviceSynchronize());
+  out.cache.resize(cache_bytes);
+  KVKIT_TRY(cudaMemcpy(out.cache.data(), cache.ptr, cache_bytes, cudaMemcpyDeviceToHost));
+  KVKIT_TRY(cudaMemset(dk.ptr, 0x5A, k.size() * sizeof(T)));
+  KVKIT_TRY(cudaMemset(dv.ptr, 0x5A, v.size() * sizeof(T)));
+  KVKIT_TRY(kvkit::cuda::dequantize_pages(b, nullptr));
+  KVKIT_TRY(cudaDeviceSynchronize());
+  out.k.resize(k.size());
+  out.v.resize(v.size());
+  KVKIT_TRY(cudaMemcpy(out.k.data(), dk.ptr, k.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  KVKIT_TRY(cudaMemcpy(out.v.data(), dv.ptr, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+std::int64_t device_conversion_mismatches(std::uint64_t seed, std::int64_t n) {
+  unsigned long long* count = nullptr;
+  if (cudaMalloc(&count, sizeof(*count)) != cudaSuccess) {
+    return -1;
+  }
+  unsigned long long host = 0;
+  bool ok = cudaMemset(count, 0, sizeof(*count)) == cudaSuccess;
+  conversion_kernel<<<1024, 256>>>(seed, n, count);
+  ok = ok && cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+       cudaMemcpy(&host, count, sizeof(host), cudaMemcpyDeviceToHost) == cudaSuccess;
+  cudaFree(count);
+  return ok ? static_cast<std::int64_t>(host) : -1;
+}
+
+// The variants the tests run (and CI compiles).
+#define KVKIT_ROUND_TRIP(LAYOUT, T)                                                                \
+  template device_round_trip<T> run_on_device<LAYOUT, T>(                                          \
+      const LAYOUT&, const std::vector<T>&, const std::vector<T>&,                                 \
+      const std::vector<std::int32_t>&, std::int32_t, const std::vector<float>&);
+
+using kvkit::kv_order;
+using kvkit::paged_layout;
+using l_fp16 = paged_layout<kvkit::fp16_codec>;
+using l_bf16_hnd = paged_layout<kvkit::bf16_codec, kvkit::bf16_codec, kv_order::hnd>;
+using l_e4m3 = paged_layout<kvkit::fp8_e4m3_codec>;
+using l_e5m2_hnd = paged_layout<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, kv_order::hnd>;
+using l_int8 = paged_layout<kvkit::int8_codec>;
+using l_int8_hnd = paged_layout<kvkit::int8_codec, kvkit::int8_codec, kv_order::hnd>;
+using l_g32 = paged_layout<kvkit::int4_group_codec<32>>;
+using l_g64_hnd =
+    paged_layout<kvkit::int4_group_codec<64>, kvkit::int4_group_codec<64>, kv_order::hnd>;
+using l_g128 = paged_layout<kvkit::int4_group_codec<128>>;
+using l_kivi = paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<128>>;
+using l_kivi_hnd = paged_layout<kvkit::int4_channel_codec, kvkit::int8_codec, kv_order::hnd>;
+KVKIT_ROUND_TRIP(l_fp16, __nv_bfloat16)
+KVKIT_ROUND_TRIP(l_bf16_hnd, float)
+KVKIT_ROUND_TRIP(l_e4m3, __nv_bfloat16)
+KVKIT_ROUND_TRIP(l_e5m2_hnd, __half)
+KVKIT_ROUND_TRIP(l_int8, __nv_bfloat16)
+KVKIT_ROUND_TRIP(l_int8_hnd, float)
+KVKIT_ROUND_TRIP(l_g32, __nv_bfloat16)
+KVKIT_ROUND_TRIP(l_g64_hnd, __half)
+KVKIT_ROUND_TRIP(l_g128, __nv_bfloat16)
+KVKIT_ROUND_TRIP(l_kivi, __nv_bfloat16)
+KVKIT_ROUND_TRIP(l_kivi_hnd, float)
+using l_g32_hnd =
+    paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
+KVKIT_ROUND_TRIP(l_g32_hnd, float)
+
+} // namespace kvkit_test

@@ -1,0 +1,32 @@
+#pragma once
+// Host-callable wrappers of the GPU page kernels for the tests (quantize_device.cu).
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+namespace kvkit_test {
+
+template <class T>
+struct device_round_trip {
+  cudaError_t error = cudaSuccess;
+  std::vector<std::byte> cache; // the whole cache after quantize_pages (poisoned elsewhere)
+  std::vector<T> k, v;          // dequantize_pages of the same pages (poisoned before)
+};
+
+// Quantizes `k`/`v` (num_pages pages) into a cache of `capacity` pages poisoned with 0xA5 at
+// `page_ids`, then dequantizes them into buffers poisoned with 0x5A.
+template <class Layout, class T>
+device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k,
+                                   const std::vector<T>& v,
+                                   const std::vector<std::int32_t>& page_ids, std::int32_t capacity,
+                                   const std::vector<float>& static_scales);
+
+// Mismatches between kvkit's conversions run on the device and the device's own conversion
+// instructions (cvt.rn.satfinite for fp8, __float2half_rn, __float2bfloat16_rn) over `n` floats
+// made from hashed indices (every bit pattern class). Negative on a CUDA error.
+std::int64_t device_conversion_mismatches(std::uint64_t seed, std::int64_t n);
+
+} // namespace kvkit_test

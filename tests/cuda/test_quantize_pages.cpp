@@ -1,0 +1,175 @@
+// GPU page quantization against the CPU reference: whole caches compared byte for byte (scales
+// and untouched bytes included), then the decoded values bit for bit, for every codec, both page
+// orders and fp32/fp16/bf16 inputs, on fresh random data with outliers and non-finite values.
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/quantize_device.hpp"
+#include "host/test_seed.hpp"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/quant/codecs.hpp"
+#include "kvkit/reference/quantize.hpp"
+
+namespace {
+
+using kvkit::kv_order;
+using kvkit::paged_layout;
+
+template <class T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    __half_raw r;
+    r.x = kvkit::float_to_fp16_bits(x);
+    return __half(r);
+  } else {
+    __nv_bfloat16_raw r;
+    r.x = kvkit::float_to_bf16_bits(x);
+    return __nv_bfloat16(r);
+  }
+}
+
+template <class T>
+float to_float(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    std::uint16_t bits;
+    std::memcpy(&bits, &x, 2);
+    return std::is_same_v<T, __half> ? kvkit::fp16_bits_to_float(bits)
+                                     : kvkit::bf16_bits_to_float(bits);
+  }
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <class Layout, class T>
+void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed) {
+  INFO("seed " << seed << ", page_size " << layout.page_size() << ", heads "
+               << layout.num_kv_heads() << ", head_dim " << layout.head_dim());
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::uniform_int_distribution<int> pct(0, 999);
+  const auto n = static_cast<std::size_t>(num_pages * layout.elements());
+  std::vector<T> k(n), v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto channel = static_cast<std::int32_t>(i % static_cast<std::size_t>(layout.head_dim()));
+    float a = normal(rng) * (channel % 17 == 3 ? 20.0F : 1.0F); // K channel outliers
+    float b = normal(rng);
+    const int roll = pct(rng);
+    if (roll == 0) {
+      a = std::numeric_limits<float>::infinity();
+    } else if (roll == 1) {
+      b = -std::numeric_limits<float>::infinity();
+    } else if (roll == 2) {
+      a = std::numeric_limits<float>::quiet_NaN();
+    }
+    k[i] = from_float<T>(a);
+    v[i] = from_float<T>(b);
+  }
+  // Scattered pages out of a larger cache.
+  const std::int32_t capacity = num_pages * 3;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(capacity));
+  for (std::int32_t i = 0; i < capacity; ++i) {
+    ids[static_cast<std::size_t>(i)] = i;
+  }
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(static_cast<std::size_t>(num_pages));
+  std::vector<float> scales(static_cast<std::size_t>(2 * layout.num_kv_heads()));
+  for (auto& s : scales) {
+    s = (1.0F + static_cast<float>(pct(rng)) / 100.0F) / 448.0F;
+  }
+
+  // The reference: the same inputs as floats, page by page.
+  const auto page_bytes = static_cast<std::size_t>(layout.bytes_per_page());
+  std::vector<std::byte> want_cache(page_bytes * static_cast<std::size_t>(capacity),
+                                    std::byte{0xA5});
+  std::vector<T> want_k(n), want_v(n);
+  const auto per_page = static_cast<std::size_t>(layout.elements());
+  for (std::int32_t p = 0; p < num_pages; ++p) {
+    std::vector<float> fk(per_page), fv(per_page), dk(per_page), dv(per_page);
+    for (std::size_t i = 0; i < per_page; ++i) {
+      fk[i] = to_float(k[static_cast<std::size_t>(p) * per_page + i]);
+      fv[i] = to_float(v[static_cast<std::size_t>(p) * per_page + i]);
+    }
+    std::byte* page =
+        want_cache.data() + static_cast<std::size_t>(ids[static_cast<std::size_t>(p)]) * page_bytes;
+    REQUIRE(kvkit::reference::quantize_page(layout, fk.data(), fv.data(), layout.page_size(), page,
+                                            scales.data())
+                .ok());
+    REQUIRE(kvkit::reference::dequantize_page(layout, page, layout.page_size(), dk.data(),
+                                              dv.data(), scales.data())
+                .ok());
+    for (std::size_t i = 0; i < per_page; ++i) {
+      want_k[static_cast<std::size_t>(p) * per_page + i] = from_float<T>(dk[i]);
+      want_v[static_cast<std::size_t>(p) * per_page + i] = from_float<T>(dv[i]);
+    }
+  }
+
+  const auto got = kvkit_test::run_on_device(layout, k, v, ids, capacity, scales);
+  REQUIRE(got.error == cudaSuccess);
+  std::size_t first_diff = want_cache.size();
+  for (std::size_t i = 0; i < want_cache.size(); ++i) {
+    if (got.cache[i] != want_cache[i]) {
+      first_diff = i;
+      break;
+    }
+  }
+  INFO("first differing cache byte " << first_diff << " (page " << first_diff / page_bytes
+                                     << ", offset " << first_diff % page_bytes << ")");
+  CHECK(first_diff == want_cache.size());
+  CHECK(same_bits(got.k, want_k));
+  CHECK(same_bits(got.v, want_v));
+}
+
+} // namespace
+
+TEST_CASE("GPU page quantization matches the CPU reference bit for bit", "[cuda][quant]") {
+  const std::uint64_t seed = kvkit_test::test_seed(2026);
+  check<paged_layout<kvkit::fp16_codec>, __nv_bfloat16>({16, 8, 128}, 37, seed);
+  check<paged_layout<kvkit::bf16_codec, kvkit::bf16_codec, kv_order::hnd>, float>({8, 4, 64}, 21,
+                                                                                  seed + 1);
+  check<paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>({16, 8, 128}, 29, seed + 2);
+  check<paged_layout<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, kv_order::hnd>, __half>(
+      {32, 2, 256}, 11, seed + 3);
+  check<paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 8, 128}, 33, seed + 4);
+  check<paged_layout<kvkit::int8_codec, kvkit::int8_codec, kv_order::hnd>, float>({1, 4, 64}, 70,
+                                                                                  seed + 5);
+  check<paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>({16, 8, 128}, 25, seed + 6);
+  check<paged_layout<kvkit::int4_group_codec<64>, kvkit::int4_group_codec<64>, kv_order::hnd>,
+        __half>({64, 2, 128}, 9, seed + 7);
+  check<paged_layout<kvkit::int4_group_codec<128>>, __nv_bfloat16>({16, 4, 256}, 17, seed + 8);
+  check<paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<128>>, __nv_bfloat16>(
+      {16, 8, 128}, 23, seed + 9);
+  check<paged_layout<kvkit::int4_channel_codec, kvkit::int8_codec, kv_order::hnd>, float>(
+      {128, 2, 64}, 5, seed + 10);
+}
+
+TEST_CASE("pages smaller than a warp's chunks quantize correctly", "[cuda][quant]") {
+  // One token of one 64-channel head is 8 chunks: most lanes of the warp have no work but still
+  // take part in the group shuffles.
+  const std::uint64_t seed = kvkit_test::test_seed(99);
+  check<paged_layout<kvkit::int8_codec>, __nv_bfloat16>({1, 1, 64}, 13, seed);
+  check<paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>,
+        float>({1, 1, 64}, 7, seed + 1);
+  check<paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<128>>, __nv_bfloat16>(
+      {3, 1, 128}, 5, seed + 2);
+}
+
+TEST_CASE("conversions on the device match the device's own instructions", "[cuda][quant]") {
+  const std::uint64_t seed = kvkit_test::test_seed(7);
+  INFO("seed " << seed);
+  CHECK(kvkit_test::device_conversion_mismatches(seed, 64'000'000) == 0);
+}
