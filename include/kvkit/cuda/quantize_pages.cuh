@@ -183,18 +183,18 @@ __device__ inline int group_lanes(std::int32_t head_dim) {
 
 // Parameters of the group this lane's eight values belong to, reduced across the group's lanes.
 // Every lane of the warp must call it (the shuffles use the full mask).
-template <kv_codec C>
-__device__ inline typename C::params group_params(const float (&x)[8], int lanes, float scale) {
+template <kv_codec C, int N>
+__device__ inline typename C::params group_params(const float (&x)[N], int lanes, float scale) {
   if constexpr (C::scaling == kv_scaling::static_per_head) {
     return C::with_scale(scale);
   } else if constexpr (C::scaling == kv_scaling::per_token_head) {
-    float amax = kvkit::detail::finite_amax(x, 8);
+    float amax = kvkit::detail::finite_amax(x, N);
     for (int off = lanes / 2; off > 0; off /= 2) {
       amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFU, amax, off));
     }
     return C::from_amax(amax);
   } else if constexpr (C::scaling == kv_scaling::per_token_group) {
-    const kvkit::detail::finite_range r = kvkit::detail::range_of(x, 8);
+    const kvkit::detail::finite_range r = kvkit::detail::range_of(x, N);
     float lo = r.any ? r.lo : __int_as_float(0x7F800000);
     float hi = r.any ? r.hi : -__int_as_float(0x7F800000);
     int any = r.any ? 1 : 0;
@@ -320,6 +320,97 @@ __global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
   }
 }
 
+// Channels one lane of quantize_runs_kernel handles.
+inline constexpr std::int32_t lane_channels = 32;
+
+// Lanes of quantize_runs_kernel that share one parameter set.
+template <kv_codec C>
+__device__ inline int run_group_lanes(std::int32_t head_dim) {
+  if constexpr (C::scaling == kv_scaling::per_token_group) {
+    return C::group_size / lane_channels;
+  } else {
+    return head_dim / lane_channels;
+  }
+}
+
+// Codecs with per-token parameters (int8, int4 groups), quantizing: each lane takes a run of 32
+// adjacent channels, so a group's parameters (a range reduction, two fp16 conversions, a division
+// and a reciprocal) are derived once per 32 values instead of once per 8; measured on an H200 it
+// lifts int4 quantization from 1.56 to 2.04 TB/s, while data-movement kernels do better with the
+// fully coalesced 8-channel mapping above. A CTA covers `tokens_per_cta` tokens; work item i is
+// the (i / cpt)-th
+// token's (i % cpt)-th run of 32 channels (cpt = runs per token). Loops are warp-uniform, so every
+// lane takes part in the shuffles; a group's lanes are adjacent and never mix valid and idle
+// lanes, because a token holds whole groups and a group's lane count is a power of two.
+template <kv_codec C, class Layout, class T>
+__global__ void quantize_runs_kernel(Layout l, const T* src, std::byte* cache,
+                                     const std::int32_t* page_ids, std::int64_t data_offset,
+                                     std::int64_t param_offset, const float* scales) {
+  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
+  std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+  const auto rph = static_cast<std::uint32_t>(l.head_dim() / lane_channels); // runs per head
+  const auto cpt = static_cast<std::uint32_t>(l.num_kv_heads()) * rph;       // runs per token
+  const auto tokens = static_cast<std::uint32_t>(
+      l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta);
+  const auto items = tokens * cpt;
+  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+  const T* rows =
+      src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems;
+  const int lanes = run_group_lanes<C>(l.head_dim());
+  const std::int32_t group =
+      C::scaling == kv_scaling::per_token_group ? C::group_size : l.head_dim();
+  for (std::uint32_t base = threadIdx.x & ~31U; base < items; base += blockDim.x) {
+    const std::uint32_t item = base + (threadIdx.x & 31U);
+    const bool valid = item < items;
+    const std::uint32_t t = item / cpt;
+    const std::uint32_t run = item % cpt;
+    const auto head = static_cast<std::int32_t>(run / rph);
+    const auto channel = static_cast<std::int32_t>(run % rph) * lane_channels;
+    float x[lane_channels];
+    if (valid) {
+      const T* at = rows + t * row_elems + static_cast<std::int64_t>(run) * lane_channels;
+      float part[4][8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        load8(at + 8 * j, part[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          x[8 * j + i] = part[j][i];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < lane_channels; ++i) {
+        x[i] = 0.0F;
+      }
+    }
+    const auto p = group_params<C>(x, lanes, scales != nullptr && valid ? scales[head] : 1.0F);
+    if (valid) {
+      const auto token = token0 + static_cast<std::int32_t>(t);
+      std::byte* out = page + data_offset + l.element_index(token, head, channel) * C::bits / 8;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        std::uint32_t q[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          q[i] = C::encode(x[8 * j + i], p);
+        }
+        store_codes<C>(out + 8 * j * C::bits / 8, q);
+      }
+      if constexpr (C::param_bytes > 0) {
+        if (channel % group == 0) {
+          C::store(p, page + param_offset +
+                          l.template param_index<C>(token, head, channel) * C::param_bytes);
+        }
+      }
+    }
+  }
+}
+
 // Per-channel codecs: one CTA per page; a thread owns eight adjacent channels of one head and
 // walks the page's tokens twice (range, then codes), with 16-byte loads.
 template <kv_codec C, class Layout, class T>
@@ -426,7 +517,13 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
         threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
     const dim3 grid(pages,
                     static_cast<unsigned>((l.page_size() + tokens_per_cta - 1) / tokens_per_cta));
-    if constexpr (Quantize) {
+    if constexpr (Quantize && (C::scaling == kv_scaling::per_token_head ||
+                               C::scaling == kv_scaling::per_token_group)) {
+      const unsigned run_threads = threads_for(static_cast<std::int64_t>(tokens_per_cta) *
+                                               l.num_kv_heads() * l.head_dim() / lane_channels);
+      quantize_runs_kernel<C><<<grid, run_threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
+                                                                data_offset, param_offset, scales);
+    } else if constexpr (Quantize) {
       quantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
                                                             data_offset, param_offset, scales);
     } else {
