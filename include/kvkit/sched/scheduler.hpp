@@ -1,0 +1,491 @@
+#pragma once
+//! scheduler: continuous batching over a paged KV cache. Every step it decides which sequences
+//! run and how many tokens each computes, under a token and a sequence budget, with chunked
+//! prefill, prefix-cache-aware admission, preemption (recompute or swap to a host tier) and
+//! speculative-decoding lookahead.
+
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvkit/block/block_pool.hpp"
+#include "kvkit/block/types.hpp"
+#include "kvkit/concepts/block_allocator.hpp"
+#include "kvkit/concepts/block_mapping.hpp"
+#include "kvkit/concepts/prefix_index.hpp"
+#include "kvkit/concepts/scheduling_policy.hpp"
+#include "kvkit/error.hpp"
+#include "kvkit/sched/policies.hpp"
+
+namespace kvkit {
+
+//! What happens to a running request when its next tokens find no free block.
+enum class preemption_mode : std::uint8_t {
+  recompute, //!< give its blocks back (computed ones stay in the prefix cache); prefill again later
+  swap,      //!< copy its blocks to a host tier of bounded size; copy them back later
+};
+
+//! The scheduler's knobs.
+struct scheduler_config {
+  std::int32_t max_running = 256;         //!< sequences computed in one step
+  std::int32_t max_batched_tokens = 8192; //!< tokens computed in one step, all sequences together
+  std::int32_t prefill_chunk = 2048;      //!< most prompt tokens one sequence computes per step
+  std::int32_t watermark_blocks = 0;      //!< free blocks admission leaves for running sequences
+  std::int32_t lookahead = 0;             //!< speculative tokens reserved per decode step
+  preemption_mode preemption = preemption_mode::recompute;
+  std::int32_t host_blocks = 0; //!< capacity of the swap tier, in blocks
+
+  //! bad_argument for zero or negative budgets, a negative watermark, lookahead or host tier,
+  //! or swap preemption without a host tier.
+  [[nodiscard]] status validate() const noexcept {
+    if (max_running <= 0 || max_batched_tokens <= 0 || prefill_chunk <= 0 || watermark_blocks < 0 ||
+        lookahead < 0 || host_blocks < 0 || max_batched_tokens <= lookahead ||
+        (preemption == preemption_mode::swap && host_blocks == 0)) {
+      return errc::bad_argument;
+    }
+    return {};
+  }
+};
+
+//! A request as the engine submits it.
+struct request {
+  seq_id id = 0;
+  std::vector<token_id> prompt;
+  std::int32_t max_new_tokens = 1;
+  std::int32_t priority = 0; //!< higher first under priority_first
+};
+
+//! One sequence of a step's batch.
+struct scheduled_sequence {
+  seq_id id = 0;
+  std::int32_t first_position = 0; //!< position of its first token computed this step
+  std::int32_t num_tokens = 0;     //!< tokens computed: a prefill chunk, or 1 + lookahead
+  bool decode = false;             //!< a decode step (its last token, plus lookahead slots)
+  bool samples = false;            //!< the engine samples a token for it this step
+};
+
+//! What the engine does this step, in this order: swap_out, swap_in, copies, then the forward
+//! pass over `batch` (write K/V into the slots `block_table` exports, attention), then sampling.
+struct step_plan {
+  std::vector<scheduled_sequence> batch;
+  std::vector<block_copy> swap_out; //!< {device block, host block}
+  std::vector<block_copy> swap_in;  //!< {host block, device block}
+  std::vector<block_copy> copies;   //!< copy-on-write, device to device
+  std::vector<seq_id> preempted;    //!< requests that lost (or swapped out) their blocks
+  std::int32_t num_tokens = 0;      //!< tokens computed in this step
+};
+
+//! The engine's result for one sequence that sampled this step.
+struct sample_result {
+  seq_id id = 0;
+  //! New tokens: one after a prefill; after a decode with lookahead k, the j accepted draft tokens
+  //! then the token sampled after them (1 .. k + 1 tokens).
+  std::span<const token_id> tokens;
+  bool end_of_sequence = false; //!< the request ends here even if max_new_tokens is not reached
+};
+
+//! A request that completed, with what it generated.
+struct finished_request {
+  seq_id id = 0;
+  std::vector<token_id> generated;
+};
+
+//! Continuous batching over a block_mapping, a prefix_index and a block_allocator, in the order of
+//! a scheduling_policy. Deterministic: the same calls give the same plans. Not thread-safe.
+//!
+//! Each step: running sequences in policy order get their next tokens (a prefill chunk, or one
+//! token plus `lookahead` slots); when blocks run out, the running sequence that comes last in
+//! policy order is preempted. Then swapped-out requests come back, and waiting requests are
+//! admitted in policy order while the budgets and the free blocks (beyond the watermark) allow;
+//! an admission first takes the longest cached prefix. The engine runs the plan and reports the
+//! sampled tokens to `complete_step`.
+template <block_mapping Mapping, prefix_index Index, block_allocator Allocator,
+          scheduling_policy Policy = fcfs>
+class scheduler {
+public:
+  scheduler(Mapping& table, Index& cache, Allocator& allocator, scheduler_config config,
+            Policy policy = {})
+      : table_(&table), cache_(&cache), allocator_(&allocator), config_(config),
+        policy_(std::move(policy)), host_(config.host_blocks) {
+    assert(config_.validate().ok());
+  }
+
+  [[nodiscard]] const scheduler_config& config() const noexcept { return config_; }
+  [[nodiscard]] std::size_t num_waiting() const noexcept { return waiting_.size(); }
+  [[nodiscard]] std::size_t num_running() const noexcept { return running_.size(); }
+  [[nodiscard]] std::size_t num_swapped() const noexcept { return swapped_.size(); }
+  [[nodiscard]] bool has_work() const noexcept { return !requests_.empty(); }
+  [[nodiscard]] std::int64_t num_preemptions() const noexcept { return preemptions_; }
+  //! Host-tier blocks in use by swapped-out requests.
+  [[nodiscard]] std::int32_t host_blocks_used() const noexcept { return host_.num_used(); }
+
+  //! Queues a request. Errors: bad_argument (invalid config, empty prompt, max_new_tokens < 1),
+  //! duplicate_sequence (the id is queued, running or in the block table), out_of_blocks (its
+  //! prompt and all its output could never fit in the allocator, even alone).
+  [[nodiscard]] status add_request(request r) {
+    if (!config_.validate().ok() || r.prompt.empty() || r.max_new_tokens < 1) {
+      return errc::bad_argument;
+    }
+    if (requests_.contains(r.id) || table_->contains(r.id)) {
+      return errc::duplicate_sequence;
+    }
+    const std::int64_t longest =
+        static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens + config_.lookahead;
+    if (longest > std::int64_t{1} << 30 ||
+        blocks_for_tokens(static_cast<std::int32_t>(longest), table_->block_size()) + 1 >
+            allocator_->capacity()) {
+      return errc::out_of_blocks;
+    }
+    entry e;
+    e.order = {r.id, next_arrival_++, r.priority};
+    e.prompt_len = static_cast<std::int32_t>(r.prompt.size());
+    e.max_new = r.max_new_tokens;
+    e.tokens = std::move(r.prompt);
+    requests_.emplace(r.id, std::move(e));
+    insert_sorted(waiting_, r.id);
+    return {};
+  }
+
+  //! Removes a request wherever it is, giving back its blocks. unknown_sequence if there is none.
+  [[nodiscard]] status abort(seq_id id) {
+    const auto it = requests_.find(id);
+    if (it == requests_.end()) {
+      return errc::unknown_sequence;
+    }
+    entry& e = it->second;
+    if (e.where == place::running) {
+      (void)cache_->forget(id);
+      (void)table_->free(id);
+      erase_from(running_, id);
+    } else if (e.where == place::swapped) {
+      for (const block_id b : e.host) {
+        host_release_.push_back(b);
+      }
+      erase_from(swapped_, id);
+    } else {
+      erase_from(waiting_, id);
+    }
+    requests_.erase(it);
+    return {};
+  }
+
+  //! Decides the next step. Call `complete_step` with its results before the next `step`.
+  [[nodiscard]] const step_plan& step() {
+    plan_.batch.clear();
+    plan_.swap_out.clear();
+    plan_.swap_in.clear();
+    plan_.copies.clear();
+    plan_.preempted.clear();
+    plan_.num_tokens = 0;
+    ++step_epoch_;
+    num_sampling_ = 0;
+    std::int32_t budget = config_.max_batched_tokens;
+    // 1. Running requests, in policy order; preempt from the back when blocks run out.
+    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
+      const seq_id id = running_[i];
+      entry& e = requests_.at(id);
+      const std::int32_t n = tokens_for(e, budget);
+      if (n == 0) {
+        break;
+      }
+      bool placed = false;
+      while (!placed) {
+        const auto need = table_->blocks_needed(id, n);
+        if (need.ok() && *need <= allocator_->num_free()) {
+          placed = true;
+          break;
+        }
+        const seq_id victim = running_.back();
+        preempt(victim);
+        if (victim == id) {
+          break;
+        }
+      }
+      if (!placed) {
+        break; // the sequence itself was preempted, and it was the last one
+      }
+      schedule(id, e, n);
+      budget -= n;
+      ++i;
+    }
+    // 2. Swapped-out requests come back first, then waiting ones, in policy order.
+    while (!swapped_.empty() && budget > 0 &&
+           static_cast<std::int32_t>(running_.size()) < config_.max_running) {
+      if (!swap_in(swapped_.front(), budget)) {
+        break;
+      }
+    }
+    if (swapped_.empty()) {
+      while (!waiting_.empty() && budget > 0 &&
+             static_cast<std::int32_t>(running_.size()) < config_.max_running) {
+        if (!admit(waiting_.front(), budget)) {
+          break; // head-of-line: later requests wait their turn (no starvation under fcfs)
+        }
+      }
+    }
+    return plan_;
+  }
+
+  //! Applies the engine's results of the last step: `samples` holds one entry for every scheduled
+  //! sequence whose `samples` flag was set (others may be absent). Returns the requests that
+  //! finished. Errors (nothing applied): unknown_sequence (an id not sampled this step),
+  //! bad_argument (no tokens, more than it computed, or a sampling sequence without a result).
+  [[nodiscard]] result<std::vector<finished_request>>
+  complete_step(std::span<const sample_result> samples) {
+    ++epoch_; // marks which requests got a result in this call
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      const sample_result& s = samples[i];
+      const auto it = requests_.find(s.id);
+      if (it == requests_.end() || it->second.step_epoch != step_epoch_ ||
+          !plan_.batch[it->second.batch_index].samples) {
+        return errc::unknown_sequence;
+      }
+      const scheduled_sequence& sched = plan_.batch[it->second.batch_index];
+      if (s.tokens.empty() || static_cast<std::int32_t>(s.tokens.size()) > sched.num_tokens ||
+          (!sched.decode && s.tokens.size() != 1) || it->second.sample_epoch == epoch_) {
+        return errc::bad_argument;
+      }
+      it->second.sample_epoch = epoch_;
+      it->second.sample_index = i;
+    }
+    if (samples.size() != num_sampling_) {
+      return errc::bad_argument;
+    }
+    std::vector<finished_request> done;
+    const std::int32_t bs = table_->block_size();
+    for (const scheduled_sequence& sched : plan_.batch) {
+      entry& e = requests_.at(sched.id);
+      const std::int32_t before = e.computed;
+      if (e.sample_epoch != epoch_) {
+        e.computed += sched.num_tokens; // a prefill chunk
+        if (e.computed / bs > before / bs) {
+          (void)cache_->publish(sched.id, *table_->blocks(sched.id), cached_tokens(e));
+        }
+        continue;
+      }
+      const sample_result& s = samples[e.sample_index];
+      // Tokens whose K/V is now valid: a whole prefill chunk, or the decode input and the
+      // accepted draft tokens (all sampled tokens but the last); never more than it keeps.
+      const auto sampled = static_cast<std::int32_t>(s.tokens.size());
+      const std::int32_t room =
+          e.max_new - (static_cast<std::int32_t>(e.tokens.size()) - e.prompt_len);
+      const std::int32_t keep = std::min(room, sampled);
+      e.tokens.insert(e.tokens.end(), s.tokens.begin(), s.tokens.begin() + keep);
+      e.computed = std::min(e.computed + (sched.decode ? sampled : sched.num_tokens),
+                            static_cast<std::int32_t>(e.tokens.size()));
+      if (*table_->num_tokens(sched.id) != e.computed) {
+        (void)table_->truncate(sched.id, e.computed); // rejected drafts roll back
+        (void)cache_->truncate(sched.id, e.computed);
+      }
+      const bool finished = s.end_of_sequence ||
+                            static_cast<std::int32_t>(e.tokens.size()) - e.prompt_len >= e.max_new;
+      if (finished) {
+        (void)cache_->finish(sched.id, *table_->blocks(sched.id), cached_tokens(e));
+        (void)table_->free(sched.id);
+        erase_from(running_, sched.id);
+        done.push_back(
+            {sched.id, std::vector<token_id>(e.tokens.begin() + e.prompt_len, e.tokens.end())});
+        requests_.erase(sched.id);
+      } else if (e.computed / bs > before / bs) {
+        (void)cache_->publish(sched.id, *table_->blocks(sched.id), cached_tokens(e));
+      }
+    }
+    table_->release_copy_sources();
+    for (const block_id b : host_release_) {
+      [[maybe_unused]] const status released = host_.release(b);
+    }
+    host_release_.clear();
+    plan_.batch.clear();
+    ++step_epoch_; // nothing of the old plan can be sampled any more
+    num_sampling_ = 0;
+    return done;
+  }
+
+private:
+  enum class place : std::uint8_t { waiting, running, swapped };
+
+  struct entry {
+    request_order_info order;
+    std::vector<token_id> tokens; // prompt, then generated tokens
+    std::int32_t prompt_len = 0;
+    std::int32_t max_new = 0;
+    std::int32_t computed = 0; // leading tokens whose K/V is in the cache
+    place where = place::waiting;
+    std::vector<block_id> host;   // swapped-out copies of its blocks, by logical index
+    std::int64_t step_epoch = -1; // the step it was last scheduled in
+    std::size_t batch_index = 0;  // its place in that step's batch
+    std::int64_t sample_epoch = -1;
+    std::size_t sample_index = 0;
+  };
+
+  [[nodiscard]] std::span<const token_id> cached_tokens(const entry& e) const {
+    return std::span<const token_id>(e.tokens).first(static_cast<std::size_t>(e.computed));
+  }
+
+  // Tokens a running request computes next: the rest of its prefill (chunked), or a decode.
+  [[nodiscard]] std::int32_t tokens_for(const entry& e, std::int32_t budget) const {
+    const auto pending = static_cast<std::int32_t>(e.tokens.size()) - e.computed;
+    if (pending == 1) {
+      return 1 + config_.lookahead <= budget ? 1 + config_.lookahead : 0;
+    }
+    return std::min({pending, config_.prefill_chunk, budget});
+  }
+
+  void schedule(seq_id id, entry& e, std::int32_t n) {
+    const auto pending = static_cast<std::int32_t>(e.tokens.size()) - e.computed;
+    const auto info = table_->append_tokens(id, n, {});
+    assert(info.ok());
+    if (info->copied) {
+      plan_.copies.push_back(info->copy);
+    }
+    const scheduled_sequence s{id, e.computed, n, pending == 1, pending <= n};
+    e.step_epoch = step_epoch_;
+    e.batch_index = plan_.batch.size();
+    plan_.batch.push_back(s);
+    plan_.num_tokens += n;
+    num_sampling_ += s.samples ? 1 : 0;
+  }
+
+  void preempt(seq_id id) {
+    entry& e = requests_.at(id);
+    ++preemptions_;
+    plan_.preempted.push_back(id);
+    erase_from(running_, id);
+    const auto blocks = *table_->blocks(id);
+    if (config_.preemption == preemption_mode::swap &&
+        host_.num_free() >= static_cast<std::int32_t>(blocks.size())) {
+      e.host.resize(blocks.size());
+      (void)host_.allocate(e.host);
+      for (std::size_t i = 0; i < blocks.size(); ++i) {
+        plan_.swap_out.push_back({blocks[i], e.host[i]});
+      }
+      (void)cache_->finish(id, blocks, cached_tokens(e));
+      (void)table_->free(id);
+      e.where = place::swapped;
+      insert_sorted(swapped_, id);
+      return;
+    }
+    // Recompute: computed blocks stay in the prefix cache, so the redo is mostly cache hits.
+    (void)cache_->finish(id, blocks, cached_tokens(e));
+    (void)table_->free(id);
+    e.computed = 0;
+    e.where = place::waiting;
+    insert_sorted(waiting_, id);
+  }
+
+  // Starts request `id` (waiting) with its cached prefix and a first chunk. False when it does not
+  // fit now.
+  bool admit(seq_id id, std::int32_t& budget) {
+    entry& e = requests_.at(id);
+    const auto len = static_cast<std::int32_t>(e.tokens.size());
+    const prefix_match p = cache_->probe(e.tokens, {});
+    const std::int32_t n = std::min({len - p.num_tokens, config_.prefill_chunk, budget});
+    const std::int32_t bs = table_->block_size();
+    const std::int32_t need =
+        blocks_for_tokens(p.num_tokens + n, bs) - p.num_blocks + (p.num_tokens % bs != 0 ? 1 : 0);
+    if (need > allocator_->num_free() - p.num_evictable - config_.watermark_blocks) {
+      return false;
+    }
+    match_.resize(static_cast<std::size_t>(blocks_for_tokens(len, bs)));
+    const auto m = cache_->match(id, e.tokens, {}, match_, retention{});
+    if (!m) {
+      return false;
+    }
+    [[maybe_unused]] const status adopted = table_->adopt_sequence(
+        id, std::span<const block_id>(match_.data(), static_cast<std::size_t>(m->num_blocks)),
+        m->num_tokens);
+    assert(adopted.ok());
+    e.computed = m->num_tokens;
+    e.where = place::running;
+    erase_from(waiting_, id);
+    insert_sorted(running_, id);
+    schedule(id, e, n);
+    budget -= n;
+    return true;
+  }
+
+  // Brings request `id` back from the host tier: cached blocks first, the rest copied back.
+  bool swap_in(seq_id id, std::int32_t& budget) {
+    entry& e = requests_.at(id);
+    const std::int32_t n = tokens_for(e, budget);
+    const std::int32_t bs = table_->block_size();
+    const std::int32_t need = blocks_for_tokens(e.computed + n, bs) + 1;
+    if (n == 0 || need > allocator_->num_free() - config_.watermark_blocks) {
+      return false;
+    }
+    match_.resize(static_cast<std::size_t>(
+        blocks_for_tokens(static_cast<std::int32_t>(e.tokens.size()), bs)));
+    const auto m = cache_->match(id, e.tokens, {}, match_, retention{});
+    if (!m) {
+      return false;
+    }
+    // Use whole cached blocks of what it had computed; copy the rest back from the host.
+    std::int32_t full = m->num_tokens / bs;
+    full = std::min(full, e.computed / bs);
+    for (std::int32_t i = m->num_blocks; i-- > full;) {
+      [[maybe_unused]] const status released =
+          allocator_->release(match_[static_cast<std::size_t>(i)]);
+    }
+    [[maybe_unused]] const status adopted = table_->adopt_sequence(
+        id, std::span<const block_id>(match_.data(), static_cast<std::size_t>(full)), full * bs);
+    assert(adopted.ok());
+    (void)cache_->truncate(id, full * bs);
+    const auto rest = table_->append_tokens(id, e.computed - full * bs, {});
+    assert(rest.ok());
+    const auto blocks = *table_->blocks(id);
+    for (std::size_t i = static_cast<std::size_t>(full); i < blocks.size(); ++i) {
+      plan_.swap_in.push_back({e.host[i], blocks[i]});
+    }
+    for (const block_id b : e.host) {
+      host_release_.push_back(b); // after the engine has copied them back
+    }
+    e.host.clear();
+    e.where = place::running;
+    erase_from(swapped_, id);
+    insert_sorted(running_, id);
+    schedule(id, e, n);
+    budget -= n;
+    return true;
+  }
+
+  void insert_sorted(std::vector<seq_id>& list, seq_id id) {
+    const request_order_info& key = requests_.at(id).order;
+    const auto at = std::upper_bound(list.begin(), list.end(), key,
+                                     [&](const request_order_info& k, seq_id other) {
+                                       return policy_.before(k, requests_.at(other).order);
+                                     });
+    list.insert(at, id);
+  }
+
+  static void erase_from(std::vector<seq_id>& list, seq_id id) {
+    const auto it = std::find(list.begin(), list.end(), id);
+    if (it != list.end()) {
+      list.erase(it);
+    }
+  }
+
+  Mapping* table_;
+  Index* cache_;
+  Allocator* allocator_;
+  scheduler_config config_;
+  Policy policy_;
+  block_pool host_; // the swap tier's block ids
+  std::unordered_map<seq_id, entry> requests_;
+  std::vector<seq_id> waiting_;  // policy order
+  std::vector<seq_id> running_;  // policy order
+  std::vector<seq_id> swapped_;  // policy order
+  std::int64_t step_epoch_ = 0;  // counts step() calls
+  std::int64_t epoch_ = 0;       // counts complete_step() calls
+  std::size_t num_sampling_ = 0; // sequences of the current plan that sample
+  std::vector<block_id> host_release_;
+  std::vector<block_id> match_;
+  step_plan plan_;
+  std::int64_t next_arrival_ = 0;
+  std::int64_t preemptions_ = 0;
+};
+
+} // namespace kvkit

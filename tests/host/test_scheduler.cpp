@@ -1,0 +1,257 @@
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kvkit/block/block_pool.hpp"
+#include "kvkit/block/block_table.hpp"
+#include "kvkit/prefix/prefix_cache.hpp"
+#include "kvkit/sched/scheduler.hpp"
+
+using kvkit::errc;
+using kvkit::seq_id;
+using kvkit::token_id;
+
+namespace {
+
+using table_t = kvkit::block_table<kvkit::block_pool>;
+using cache_t = kvkit::prefix_cache<>;
+
+template <class Policy = kvkit::fcfs>
+struct rig {
+  explicit rig(std::int32_t blocks, kvkit::scheduler_config cfg = {}, std::int32_t block_size = 4)
+      : pool(blocks), table(pool, block_size), cache(pool, block_size),
+        sched(table, cache, pool, cfg) {}
+  kvkit::block_pool pool;
+  table_t table;
+  cache_t cache;
+  kvkit::scheduler<table_t, cache_t, kvkit::block_pool, Policy> sched;
+
+  // Runs steps, sampling token 100 + position for every sampling sequence, until no work is left.
+  std::map<seq_id, std::vector<token_id>> run(std::int32_t max_steps = 10000) {
+    std::map<seq_id, std::vector<token_id>> out;
+    for (std::int32_t step = 0; sched.has_work() && step < max_steps; ++step) {
+      const auto& plan = sched.step();
+      std::vector<std::vector<token_id>> storage;
+      std::vector<kvkit::sample_result> samples;
+      storage.reserve(plan.batch.size());
+      for (const auto& s : plan.batch) {
+        if (s.samples) {
+          storage.push_back({static_cast<token_id>(100 + s.first_position + s.num_tokens)});
+          samples.push_back({s.id, storage.back(), false});
+        }
+      }
+      const auto done = sched.complete_step(samples);
+      REQUIRE(done.ok());
+      for (const auto& f : *done) {
+        out[f.id] = f.generated;
+      }
+    }
+    return out;
+  }
+};
+
+std::vector<token_id> prompt_of(std::int32_t n, token_id first = 1) {
+  std::vector<token_id> p(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i) {
+    p[static_cast<std::size_t>(i)] = first + i;
+  }
+  return p;
+}
+
+} // namespace
+
+TEST_CASE("a request prefills in chunks, decodes, finishes and gives its blocks back",
+          "[scheduler]") {
+  rig r(64, {.max_running = 4, .max_batched_tokens = 8, .prefill_chunk = 5});
+  REQUIRE(r.sched.add_request({1, prompt_of(12), 3, 0}).ok());
+  const auto& first = r.sched.step();
+  REQUIRE(first.batch.size() == 1);
+  CHECK(first.batch[0].num_tokens == 5);
+  CHECK(first.batch[0].first_position == 0);
+  CHECK_FALSE(first.batch[0].samples);
+  REQUIRE(r.sched.complete_step({}).ok());
+  CHECK(r.sched.step().batch[0].num_tokens == 5);
+  REQUIRE(r.sched.complete_step({}).ok());
+  const auto& third = r.sched.step();
+  CHECK(third.batch[0].num_tokens == 2); // the rest of the prompt, then the first sample
+  CHECK(third.batch[0].samples);
+  const std::vector<token_id> t{50};
+  const kvkit::sample_result s{1, t, false};
+  REQUIRE(r.sched.complete_step(std::span(&s, 1)).ok());
+  const auto& decode = r.sched.step();
+  CHECK(decode.batch[0].decode);
+  CHECK(decode.batch[0].first_position == 12);
+  CHECK(decode.batch[0].num_tokens == 1);
+  REQUIRE(r.sched.complete_step(std::span(&s, 1)).ok());
+  (void)r.sched.step();
+  const auto done = r.sched.complete_step(std::span(&s, 1));
+  REQUIRE(done.ok());
+  REQUIRE(done->size() == 1);
+  CHECK((*done)[0].generated == std::vector<token_id>{50, 50, 50});
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(r.pool.num_used() == 0);
+}
+
+TEST_CASE("budgets hold and prefills mix with decodes", "[scheduler]") {
+  rig r(256, {.max_running = 3, .max_batched_tokens = 10, .prefill_chunk = 6});
+  for (seq_id i = 1; i <= 6; ++i) {
+    REQUIRE(r.sched.add_request({i, prompt_of(9, static_cast<token_id>(10 * i)), 4, 0}).ok());
+  }
+  bool mixed = false;
+  for (int step = 0; r.sched.has_work() && step < 200; ++step) {
+    const auto& plan = r.sched.step();
+    CHECK(plan.num_tokens <= 10);
+    CHECK(plan.batch.size() <= 3);
+    bool prefill = false;
+    bool decode = false;
+    std::vector<std::vector<token_id>> storage;
+    std::vector<kvkit::sample_result> samples;
+    storage.reserve(plan.batch.size());
+    for (const auto& s : plan.batch) {
+      prefill |= !s.decode;
+      decode |= s.decode;
+      if (s.samples) {
+        storage.push_back({7});
+        samples.push_back({s.id, storage.back(), false});
+      }
+    }
+    mixed |= prefill && decode;
+    REQUIRE(r.sched.complete_step(samples).ok());
+  }
+  CHECK(mixed);
+  CHECK_FALSE(r.sched.has_work());
+}
+
+TEST_CASE("admission takes the cached prefix and computes only the rest", "[scheduler]") {
+  rig r(64, {.max_running = 4, .max_batched_tokens = 64, .prefill_chunk = 64});
+  REQUIRE(r.sched.add_request({1, prompt_of(10), 1, 0}).ok());
+  r.run();
+  REQUIRE(r.sched.add_request({2, prompt_of(10), 1, 0}).ok());
+  const auto& plan = r.sched.step();
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].first_position == 8); // two cached blocks of 4
+  CHECK(plan.batch[0].num_tokens == 2);
+}
+
+TEST_CASE("preemption by recompute resumes and finishes every request exactly", "[scheduler]") {
+  // 12 blocks of 4 tokens; four requests of 10 prompt + 12 output tokens cannot all fit.
+  rig r(12, {.max_running = 4, .max_batched_tokens = 64, .prefill_chunk = 64});
+  for (seq_id i = 1; i <= 4; ++i) {
+    REQUIRE(r.sched.add_request({i, prompt_of(10, static_cast<token_id>(100 * i)), 12, 0}).ok());
+  }
+  const auto out = r.run();
+  CHECK(r.sched.num_preemptions() > 0);
+  REQUIRE(out.size() == 4);
+  for (const auto& [id, generated] : out) {
+    CHECK(generated.size() == 12);
+  }
+  CHECK(r.pool.num_used() == 0);
+}
+
+TEST_CASE("preemption by swap moves blocks to a bounded host tier and back", "[scheduler]") {
+  rig r(12, {.max_running = 4,
+             .max_batched_tokens = 64,
+             .prefill_chunk = 64,
+             .preemption = kvkit::preemption_mode::swap,
+             .host_blocks = 8});
+  for (seq_id i = 1; i <= 4; ++i) {
+    REQUIRE(r.sched.add_request({i, prompt_of(10, static_cast<token_id>(100 * i)), 12, 0}).ok());
+  }
+  std::size_t swapped_out = 0;
+  std::size_t swapped_in = 0;
+  std::int32_t max_host = 0;
+  for (int step = 0; r.sched.has_work() && step < 1000; ++step) {
+    const auto& plan = r.sched.step();
+    swapped_out += plan.swap_out.size();
+    swapped_in += plan.swap_in.size();
+    max_host = std::max(max_host, r.sched.host_blocks_used());
+    std::vector<std::vector<token_id>> storage;
+    std::vector<kvkit::sample_result> samples;
+    storage.reserve(plan.batch.size());
+    for (const auto& s : plan.batch) {
+      if (s.samples) {
+        storage.push_back({9});
+        samples.push_back({s.id, storage.back(), false});
+      }
+    }
+    REQUIRE(r.sched.complete_step(samples).ok());
+  }
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(swapped_out > 0);
+  CHECK(swapped_in > 0);
+  CHECK(max_host <= 8);
+  CHECK(r.sched.host_blocks_used() == 0);
+  CHECK(r.pool.num_used() == 0);
+}
+
+TEST_CASE("priority policy admits the important request first", "[scheduler]") {
+  rig<kvkit::priority_first> r(64,
+                               {.max_running = 1, .max_batched_tokens = 64, .prefill_chunk = 64});
+  REQUIRE(r.sched.add_request({1, prompt_of(4), 1, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(4, 50), 1, 9}).ok());
+  CHECK(r.sched.step().batch.at(0).id == 2);
+}
+
+TEST_CASE("speculative lookahead reserves slots and rolls back the rejected ones", "[scheduler]") {
+  rig r(64, {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
+  REQUIRE(r.sched.add_request({1, prompt_of(6), 10, 0}).ok());
+  (void)r.sched.step();
+  const std::vector<token_id> first{7};
+  const kvkit::sample_result s0{1, first, false};
+  REQUIRE(r.sched.complete_step(std::span(&s0, 1)).ok());
+  const auto& plan = r.sched.step();
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].decode);
+  CHECK(plan.batch[0].num_tokens == 4); // the last token plus 3 draft slots
+  CHECK(*r.table.num_tokens(1) == 10);
+  // One draft accepted, plus the bonus token: K/V of 2 of the 4 positions stays.
+  const std::vector<token_id> accepted{8, 9};
+  const kvkit::sample_result s1{1, accepted, false};
+  REQUIRE(r.sched.complete_step(std::span(&s1, 1)).ok());
+  CHECK(*r.table.num_tokens(1) == 8);
+  const auto& next = r.sched.step();
+  CHECK(next.batch[0].first_position == 8);
+}
+
+TEST_CASE("bad requests and results are rejected while the others go on", "[scheduler]") {
+  rig r(8, {.max_running = 4, .max_batched_tokens = 16, .prefill_chunk = 16});
+  CHECK(r.sched.add_request({1, {}, 4, 0}).error() == errc::bad_argument);
+  CHECK(r.sched.add_request({1, prompt_of(4), 0, 0}).error() == errc::bad_argument);
+  CHECK(r.sched.add_request({2, prompt_of(40), 4, 0}).error() == errc::out_of_blocks); // never fits
+  REQUIRE(r.sched.add_request({3, prompt_of(4), 2, 0}).ok());
+  CHECK(r.sched.add_request({3, prompt_of(4), 2, 0}).error() == errc::duplicate_sequence);
+  CHECK(r.sched.abort(99).error() == errc::unknown_sequence);
+  const auto& plan = r.sched.step();
+  REQUIRE(plan.batch.size() == 1);
+  const std::vector<token_id> two{1, 2};
+  const std::vector<token_id> one{1};
+  const kvkit::sample_result too_many{3, two, false};
+  const kvkit::sample_result stranger{42, one, false};
+  CHECK(r.sched.complete_step(std::span(&too_many, 1)).error() == errc::bad_argument);
+  CHECK(r.sched.complete_step(std::span(&stranger, 1)).error() == errc::unknown_sequence);
+  CHECK(r.sched.complete_step({}).error() == errc::bad_argument); // a sampling sequence is missing
+  const kvkit::sample_result good{3, one, true};                  // end of sequence
+  const auto done = r.sched.complete_step(std::span(&good, 1));
+  REQUIRE(done.ok());
+  CHECK(done->size() == 1);
+  CHECK(r.pool.num_used() == 0);
+  // Zero budgets are invalid configurations.
+  CHECK(kvkit::scheduler_config{.max_batched_tokens = 0}.validate().error() == errc::bad_argument);
+  CHECK(kvkit::scheduler_config{.max_running = 0}.validate().error() == errc::bad_argument);
+  CHECK_FALSE(kvkit::scheduler_config{.preemption = kvkit::preemption_mode::swap}.validate().ok());
+}
+
+TEST_CASE("abort gives back a running request's blocks", "[scheduler]") {
+  rig r(16, {.max_running = 4, .max_batched_tokens = 16, .prefill_chunk = 16});
+  REQUIRE(r.sched.add_request({1, prompt_of(8), 4, 0}).ok());
+  (void)r.sched.step();
+  const std::vector<token_id> one{1};
+  const kvkit::sample_result s{1, one, false};
+  REQUIRE(r.sched.complete_step(std::span(&s, 1)).ok());
+  CHECK(r.pool.num_used() > 0);
+  REQUIRE(r.sched.abort(1).ok());
+  CHECK(r.pool.num_used() == 0);
+  CHECK_FALSE(r.sched.has_work());
+}
