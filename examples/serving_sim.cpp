@@ -1,20 +1,20 @@
-// A serving simulation over a paged KV cache with prefix caching.
+// A serving simulation over a paged KV cache, driven by kvkit's scheduler.
 //
 // A synthetic trace of chat requests (shared system prompts, multi-turn conversations, one-off
-// prompts) arrives over time. Requests are admitted first come first served, prefill their prompt,
-// then grow one token per step until they finish. The same trace runs twice:
-//  - kvkit: block_pool + block_table + prefix_cache. A request holds only the blocks its tokens
-//    fill; prompt blocks already in the cache (a shared system prompt, the earlier turns of a
-//    conversation) are reused instead of recomputed; when blocks run out the most recently
-//    admitted request is preempted (its computed blocks stay cached, so its recompute is cheap).
-//  - baseline: each running request reserves max_len contiguous token slots up front and
-//    computes its whole prompt.
+// prompts) arrives over time and runs twice:
+//  - kvkit: scheduler + block_pool + block_table + prefix_cache. Continuous batching: every step
+//    finished requests leave and new ones join, under a token budget (chunked prefill mixes long
+//    prompts with decodes) and a sequence limit; prompt blocks already cached (a shared system
+//    prompt, the earlier turns of a conversation) are reused instead of recomputed; when blocks
+//    run out the newest request is preempted and recomputed later (mostly from cache).
+//  - baseline: static batching with max_len contiguous slots reserved per request: a batch runs
+//    until its longest request ends before the next one starts, and every prompt is computed.
 // Both get the same KV memory. The summary compares steps, tokens per step, batch size, prompt
 // tokens computed, prefix hit rate, preemptions and memory utilization: the share of reserved KV
 // memory that holds live tokens.
 //
-// This simulation runs on the CPU: it drives the allocator, page tables and prefix cache exactly as
-// an engine would (including the per-step page-table export) but computes no attention.
+// This loop plays the engine on the CPU: it runs the scheduler's plans, exports the page table
+// each step and "samples" the trace's output tokens, but computes no attention.
 
 #include <algorithm>
 #include <array>
@@ -25,9 +25,12 @@
 #include <deque>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <kvkit/kvkit.hpp>
+#include <kvkit/sched/scheduler.hpp>
+#include <kvkit/testing/prefix_index_archetype.hpp>
 
 namespace {
 
@@ -37,13 +40,15 @@ struct options {
   std::int32_t requests = 2000;
   std::uint64_t seed = 1;
   std::int32_t block_size = 16;
-  std::int32_t kv_tokens = 65536;   // KV memory, in tokens, shared by all running requests
-  std::int32_t max_len = 4096;      // model context length: the baseline's reservation
-  std::int32_t max_running = 256;   // batch limit
-  double arrivals_per_step = 1.0;   // Poisson arrivals
-  double message_median = 120;      // log-normal user message lengths
-  double output_median = 160;       // log-normal output lengths
-  double follow_up_share = 0.3;     // requests that continue an earlier conversation
+  std::int32_t kv_tokens = 65536;         // KV memory, in tokens, shared by all running requests
+  std::int32_t max_len = 4096;            // model context length: the baseline's reservation
+  std::int32_t max_running = 256;         // batch limit
+  std::int32_t max_batched_tokens = 8192; // tokens per step
+  std::int32_t prefill_chunk = 2048;      // chunked prefill
+  double arrivals_per_step = 1.0;         // Poisson arrivals
+  double message_median = 120;            // log-normal user message lengths
+  double output_median = 160;             // log-normal output lengths
+  double follow_up_share = 0.3;           // requests that continue an earlier conversation
   double system_prompt_share = 0.8; // new conversations that start with a shared system prompt
   bool prefix_cache = true;
   bool quiet = false;
@@ -107,156 +112,6 @@ std::vector<request> make_trace(const options& o) {
   return trace;
 }
 
-// KV memory managed by kvkit: blocks on demand, prompts served from the prefix cache.
-class paged_memory {
-public:
-  explicit paged_memory(const options& o)
-      : block_size_(o.block_size), use_cache_(o.prefix_cache), pool_(o.kv_tokens / o.block_size),
-        table_(pool_, o.block_size), cache_(pool_, o.block_size, {.share_partial_blocks = true}),
-        watermark_(std::max(1, pool_.capacity() / 100)),
-        filled_(static_cast<std::size_t>(pool_.capacity()), 0) {}
-
-  static constexpr const char* name = "kvkit paged";
-
-  // Admits `tokens` (a prompt, or a preempted request's prompt and output so far). Returns the
-  // prompt tokens that must be computed, or -1 when it does not fit now. Admission keeps a 1%
-  // watermark of free blocks so running requests can still grow.
-  std::int32_t admit(kvkit::seq_id id, const std::vector<token_id>& tokens) {
-    const auto len = static_cast<std::int32_t>(tokens.size());
-    const kvkit::prefix_match hit = use_cache_ ? cache_.probe(tokens) : kvkit::prefix_match{};
-    const std::int32_t need = kvkit::blocks_for_tokens(len + 1, block_size_) - hit.num_blocks + 1;
-    if (need > pool_.num_free() - hit.num_evictable - watermark_) {
-      return -1;
-    }
-    if (!use_cache_) {
-      return table_.add_sequence(id).ok() && table_.append_tokens(id, len, {}).ok() ? len : -1;
-    }
-    const auto a = cache_.admit(table_, id, tokens);
-    if (!a) {
-      return -1;
-    }
-    copies_ += a->append.copied ? 1 : 0;
-    (void)cache_.publish(id, *table_.blocks(id), tokens);
-    return len - a->hit.num_tokens;
-  }
-  // Appends the K/V of the request's newest token and publishes any block that filled.
-  bool grow(kvkit::seq_id id, const std::vector<token_id>& tokens) {
-    const auto info = table_.append_tokens(id, 1, slot_);
-    if (!info) {
-      return false;
-    }
-    copies_ += info->copied ? 1 : 0;
-    if (use_cache_ && static_cast<std::int32_t>(tokens.size()) % block_size_ == 0) {
-      (void)cache_.publish(id, *table_.blocks(id), tokens);
-    }
-    return true;
-  }
-  // Finished or preempted: computed blocks stay cached for later turns and recomputes.
-  void release(kvkit::seq_id id, const std::vector<token_id>& tokens) {
-    if (use_cache_) {
-      (void)cache_.finish(id, *table_.blocks(id), tokens);
-    }
-    (void)table_.free(id);
-  }
-  [[nodiscard]] std::int64_t reserved_tokens() const {
-    return static_cast<std::int64_t>(pool_.num_used()) * block_size_;
-  }
-  // Tokens stored in blocks held by the batch, each shared block counted once.
-  [[nodiscard]] std::int64_t stored_tokens(const std::vector<kvkit::seq_id>& batch) {
-    std::int64_t total = 0;
-    touched_.clear();
-    for (const auto id : batch) {
-      const auto blocks = *table_.blocks(id);
-      const std::int32_t len = *table_.num_tokens(id);
-      for (std::size_t i = 0; i < blocks.size(); ++i) {
-        const std::int32_t in_block =
-            i + 1 < blocks.size() ? block_size_ : kvkit::last_block_len(len, block_size_);
-        auto& f = filled_[static_cast<std::size_t>(blocks[i])];
-        if (f == 0) {
-          touched_.push_back(blocks[i]);
-        }
-        total += std::max(0, in_block - f);
-        f = std::max(f, in_block);
-      }
-    }
-    for (const auto b : touched_) {
-      filled_[static_cast<std::size_t>(b)] = 0;
-    }
-    return total;
-  }
-  // What an engine does every step before attention: the batch's page table in CSR form.
-  void export_page_table(const std::vector<kvkit::seq_id>& batch) {
-    indptr_.resize(batch.size() + 1);
-    last_.resize(batch.size());
-    indices_.resize(static_cast<std::size_t>(*table_.csr_size(batch)));
-    if (!table_.export_csr(batch, indptr_, indices_, last_).ok()) {
-      std::fprintf(stderr, "page-table export failed\n");
-      std::exit(1);
-    }
-  }
-  // The step's copy-on-write copies have run (an engine runs them before attention).
-  void end_step() { table_.release_copy_sources(); }
-  [[nodiscard]] double hit_rate() const { return cache_.stats().hit_rate(); }
-  [[nodiscard]] std::int64_t copies() const { return copies_; }
-  [[nodiscard]] bool drained() const {
-    return pool_.num_used() == 0 && table_.num_sequences() == 0;
-  }
-
-private:
-  std::int32_t block_size_;
-  bool use_cache_;
-  kvkit::block_pool pool_;
-  kvkit::block_table<kvkit::block_pool> table_;
-  kvkit::prefix_cache<> cache_;
-  std::int32_t watermark_;
-  std::array<kvkit::token_slot, 1> slot_{};
-  std::vector<std::int32_t> indptr_, indices_, last_;
-  std::vector<std::int32_t> filled_;
-  std::vector<kvkit::block_id> touched_;
-  std::int64_t copies_ = 0;
-};
-
-// The baseline: max_len contiguous slots reserved per request at admission, no reuse.
-class contiguous_memory {
-public:
-  explicit contiguous_memory(const options& o)
-      : max_len_(o.max_len), slots_free_(o.kv_tokens / o.max_len) {}
-
-  static constexpr const char* name = "max_len reservation";
-
-  std::int32_t admit(kvkit::seq_id /*id*/, const std::vector<token_id>& tokens) {
-    if (slots_free_ == 0) {
-      return -1;
-    }
-    --slots_free_;
-    ++slots_used_;
-    return static_cast<std::int32_t>(tokens.size());
-  }
-  bool grow(kvkit::seq_id /*id*/, const std::vector<token_id>& /*tokens*/) { return true; }
-  void release(kvkit::seq_id /*id*/, const std::vector<token_id>& /*tokens*/) {
-    ++slots_free_;
-    --slots_used_;
-  }
-  [[nodiscard]] std::int64_t reserved_tokens() const {
-    return static_cast<std::int64_t>(slots_used_) * max_len_;
-  }
-  [[nodiscard]] std::int64_t stored_tokens(const std::vector<kvkit::seq_id>& /*batch*/) const {
-    return stored_;
-  }
-  void set_stored(std::int64_t n) { stored_ = n; }
-  void export_page_table(const std::vector<kvkit::seq_id>& /*batch*/) {}
-  void end_step() {}
-  [[nodiscard]] double hit_rate() const { return 0; }
-  [[nodiscard]] std::int64_t copies() const { return 0; }
-  [[nodiscard]] bool drained() const { return slots_used_ == 0; }
-
-private:
-  std::int32_t max_len_;
-  std::int32_t slots_free_;
-  std::int32_t slots_used_ = 0;
-  std::int64_t stored_ = 0;
-};
-
 struct stats {
   std::int64_t steps = 0;
   std::int64_t decode_tokens = 0;
@@ -272,117 +127,183 @@ struct stats {
   bool drained = false;
 };
 
-template <class Memory>
-stats simulate(const options& o, const std::vector<request>& trace) {
-  Memory mem(o);
+void report_progress(const char* name, const options& o, std::size_t finished, std::size_t total,
+                     std::size_t& next_report, std::int64_t step, std::size_t running,
+                     std::size_t waiting) {
+  if (!o.quiet && finished >= next_report && next_report > 0) {
+    std::printf("  [%s] %3zu%% of requests done at step %lld, %zu running, %zu waiting\n", name,
+                finished * 100 / total, static_cast<long long>(step), running, waiting);
+    next_report += total / 10;
+  }
+}
+
+// The prefix cache, or for --no-prefix-cache the archetype, which caches nothing.
+template <class Cache>
+Cache make_cache(kvkit::block_pool& pool, std::int32_t block_size) {
+  if constexpr (std::is_same_v<Cache, kvkit::prefix_cache<>>) {
+    return Cache(pool, block_size, {.share_partial_blocks = true});
+  } else {
+    return Cache(block_size);
+  }
+}
+
+// kvkit: the scheduler decides every step (continuous batching, chunked prefill, prefix-cache
+// admission, preemption by recompute); this loop plays the engine. The model's "samples" are the
+// trace's output tokens, so a preempted and recomputed request produces the same tokens.
+template <class Cache>
+stats simulate_kvkit(const options& o, const std::vector<request>& trace) {
+  using table_t = kvkit::block_table<kvkit::block_pool>;
+  using cache_t = Cache;
+  kvkit::block_pool pool(o.kv_tokens / o.block_size);
+  table_t table(pool, o.block_size);
+  cache_t cache = make_cache<Cache>(pool, o.block_size);
+  const kvkit::scheduler_config cfg{.max_running = o.max_running,
+                                    .max_batched_tokens = o.max_batched_tokens,
+                                    .prefill_chunk = o.prefill_chunk,
+                                    .watermark_blocks = std::max(1, pool.capacity() / 100)};
+  kvkit::scheduler<table_t, cache_t, kvkit::block_pool> sched(table, cache, pool, cfg);
   stats st;
-  struct live {
-    std::size_t req;
-    std::vector<token_id> tokens; // prompt, then generated tokens
-    std::size_t kv = 0;           // leading tokens whose K/V is in the cache
-    bool fresh = false;           // prefilled this step
-    [[nodiscard]] std::vector<token_id> cached() const {
-      return {tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(kv)};
-    }
-  };
-  std::deque<live> waiting;
-  std::vector<live> running;
+  std::vector<std::int32_t> produced(trace.size(), 0);
+  std::vector<std::int32_t> filled(static_cast<std::size_t>(pool.capacity()), 0);
+  std::vector<kvkit::block_id> touched;
   std::vector<kvkit::seq_id> batch;
+  std::vector<std::int32_t> indptr, indices, last;
+  std::vector<std::array<token_id, 1>> sampled;
+  std::vector<kvkit::sample_result> samples;
   std::size_t next_arrival = 0;
   std::size_t finished = 0;
   std::size_t next_report = trace.size() / 10;
-
-  const auto preempt_newest = [&] {
-    live victim = std::move(running.back());
-    running.pop_back();
-    mem.release(victim.req, victim.cached());
-    waiting.push_front(std::move(victim)); // recomputed when blocks free up
-    ++st.preemptions;
-  };
-
   for (std::int64_t step = 0; finished < trace.size(); ++step) {
     while (next_arrival < trace.size() && trace[next_arrival].arrival <= step) {
-      waiting.push_back({next_arrival, trace[next_arrival].prompt});
+      const request& r = trace[next_arrival];
+      const kvkit::status added = sched.add_request(
+          {next_arrival, r.prompt, static_cast<std::int32_t>(r.output.size()), 0});
+      if (!added) {
+        std::fprintf(stderr, "request %zu rejected: %s\n", next_arrival,
+                     std::string(kvkit::to_string(added.error())).c_str());
+        ++finished;
+      }
       ++next_arrival;
     }
-    // Admit first come first served; an admitted request prefills this step and produces a token.
-    while (!waiting.empty() && static_cast<std::int32_t>(running.size()) < o.max_running) {
-      live& w = waiting.front();
-      const std::int32_t computed = mem.admit(w.req, w.tokens);
-      if (computed < 0) {
-        break;
-      }
-      st.prompt_tokens += static_cast<std::int64_t>(w.tokens.size());
-      st.computed_prompt += computed;
-      w.kv = w.tokens.size();
-      const auto& r = trace[w.req];
-      const std::size_t produced = w.tokens.size() - r.prompt.size();
-      if (produced < r.output.size()) {
-        w.tokens.push_back(r.output[produced]); // the prefill's token
-      }
-      w.fresh = true;
-      running.push_back(std::move(w));
-      waiting.pop_front();
-    }
-    // Decode: every other running request appends the K/V of its newest token.
-    for (std::size_t i = 0; i < running.size(); ++i) {
-      if (running[i].fresh) {
-        running[i].fresh = false;
-        continue;
-      }
-      bool grown = false;
-      while (i < running.size() && !(grown = mem.grow(running[i].req, running[i].tokens))) {
-        preempt_newest();
-      }
-      if (!grown) {
-        break;
-      }
-      ++st.decode_tokens;
-      running[i].kv = running[i].tokens.size();
-      const auto& r = trace[running[i].req];
-      const std::size_t produced = running[i].tokens.size() - r.prompt.size();
-      if (produced < r.output.size()) {
-        running[i].tokens.push_back(r.output[produced]);
-      }
-    }
+    const kvkit::step_plan& plan = sched.step();
+    // The engine: run copies (none to simulate), export the page table, compute, sample.
     batch.clear();
-    std::int64_t live_tokens = 0;
-    for (const auto& r : running) {
-      batch.push_back(r.req);
-      live_tokens += static_cast<std::int64_t>(r.kv);
-    }
-    if constexpr (requires { mem.set_stored(0); }) {
-      mem.set_stored(live_tokens);
-    }
-    mem.export_page_table(batch);
-    mem.end_step();
-    st.stored_token_steps += static_cast<double>(mem.stored_tokens(batch));
-    st.reserved_token_steps += static_cast<double>(mem.reserved_tokens());
-    st.running_sum += static_cast<double>(running.size());
-    st.max_running = std::max(st.max_running, static_cast<std::int32_t>(running.size()));
-    // A request that has produced its last output token finishes at the end of the step
-    // (the K/V of its last token is never needed).
-    const auto done = [&](const live& r) {
-      const auto& req = trace[r.req];
-      if (r.tokens.size() < req.prompt.size() + req.output.size()) {
-        return false;
+    sampled.resize(plan.batch.size());
+    samples.clear();
+    for (std::size_t i = 0; i < plan.batch.size(); ++i) {
+      const auto& b = plan.batch[i];
+      batch.push_back(b.id);
+      if (b.decode) {
+        ++st.decode_tokens;
+      } else {
+        st.prompt_tokens += b.num_tokens;
+        st.computed_prompt += b.num_tokens;
       }
-      mem.release(r.req, r.cached());
-      ++finished;
-      return true;
-    };
-    running.erase(std::remove_if(running.begin(), running.end(), done), running.end());
-    st.steps = step + 1;
-    if (!o.quiet && finished >= next_report && next_report > 0) {
-      std::printf("  [%s] %3zu%% of requests done at step %lld, %zu running, %zu waiting\n",
-                  Memory::name, finished * 100 / trace.size(), static_cast<long long>(step),
-                  running.size(), waiting.size());
-      next_report += trace.size() / 10;
+      if (b.samples) {
+        const auto idx = static_cast<std::size_t>(b.id);
+        sampled[i][0] = trace[idx].output[static_cast<std::size_t>(produced[idx]++)];
+        samples.push_back({b.id, sampled[i], false});
+      }
     }
+    indptr.resize(batch.size() + 1);
+    last.resize(batch.size());
+    indices.resize(static_cast<std::size_t>(*table.csr_size(batch)));
+    if (!table.export_csr(batch, indptr, indices, last).ok()) {
+      std::fprintf(stderr, "page-table export failed\n");
+      std::exit(1);
+    }
+    // Memory held by the batch: tokens stored in its blocks (each shared block once).
+    std::int64_t stored = 0;
+    touched.clear();
+    for (const auto id : batch) {
+      const auto blocks = *table.blocks(id);
+      const std::int32_t len = *table.num_tokens(id);
+      for (std::size_t i = 0; i < blocks.size(); ++i) {
+        const std::int32_t in_block =
+            i + 1 < blocks.size() ? o.block_size : kvkit::last_block_len(len, o.block_size);
+        auto& f = filled[static_cast<std::size_t>(blocks[i])];
+        if (f == 0) {
+          touched.push_back(blocks[i]);
+        }
+        stored += std::max(0, in_block - f);
+        f = std::max(f, in_block);
+      }
+    }
+    for (const auto b : touched) {
+      filled[static_cast<std::size_t>(b)] = 0;
+    }
+    st.stored_token_steps += static_cast<double>(stored);
+    st.reserved_token_steps += static_cast<double>(pool.num_used()) * o.block_size;
+    st.running_sum += static_cast<double>(plan.batch.size());
+    st.max_running = std::max(st.max_running, static_cast<std::int32_t>(plan.batch.size()));
+    st.copies += static_cast<std::int64_t>(plan.copies.size());
+    const auto done = sched.complete_step(samples);
+    if (!done) {
+      std::fprintf(stderr, "complete_step failed: %s\n",
+                   std::string(kvkit::to_string(done.error())).c_str());
+      std::exit(1);
+    }
+    finished += done->size();
+    st.steps = step + 1;
+    report_progress("kvkit paged", o, finished, trace.size(), next_report, step,
+                    sched.num_running(), sched.num_waiting());
   }
-  st.hit_rate = mem.hit_rate();
-  st.copies = mem.copies();
-  st.drained = mem.drained();
+  // Prompt tokens served from cache: everything admitted minus what was computed.
+  if constexpr (requires { cache.stats(); }) {
+    st.prompt_tokens += cache.stats().hit_tokens;
+    st.hit_rate = cache.stats().hit_rate();
+  }
+  st.preemptions = sched.num_preemptions();
+  st.drained = pool.num_used() == 0 && table.num_sequences() == 0;
+  return st;
+}
+
+// The baseline: static batching with max_len contiguous slots reserved per request. A batch of
+// as many requests as fit is formed, prefilled, and decoded until its longest request finishes;
+// only then is the next batch formed. No reuse of shared prompts.
+stats simulate_static(const options& o, const std::vector<request>& trace) {
+  stats st;
+  const auto slots = static_cast<std::size_t>(std::min(o.kv_tokens / o.max_len, o.max_running));
+  std::size_t next = 0;
+  std::size_t next_report = trace.size() / 10;
+  std::int64_t step = 0;
+  while (next < trace.size()) {
+    // Wait for the first request of the batch, then take every request that has arrived.
+    step = std::max<std::int64_t>(step, trace[next].arrival);
+    std::size_t end = next;
+    while (end < trace.size() && end - next < slots && trace[end].arrival <= step) {
+      ++end;
+    }
+    std::int32_t longest = 0;
+    for (std::size_t i = next; i < end; ++i) {
+      st.prompt_tokens += static_cast<std::int64_t>(trace[i].prompt.size());
+      longest = std::max(longest, static_cast<std::int32_t>(trace[i].output.size()));
+    }
+    st.computed_prompt = st.prompt_tokens;
+    // Step 0 of the batch prefills every prompt; then one token per unfinished request per step.
+    for (std::int32_t t = 0; t < longest; ++t) {
+      double live = 0;
+      std::int32_t active = 0;
+      for (std::size_t i = next; i < end; ++i) {
+        const auto out = static_cast<std::int32_t>(trace[i].output.size());
+        if (t < out) {
+          ++active;
+          st.decode_tokens += t > 0 ? 1 : 0;
+        }
+        live += static_cast<double>(trace[i].prompt.size()) + std::min(t, out);
+      }
+      st.stored_token_steps += live;
+      st.reserved_token_steps += static_cast<double>(end - next) * o.max_len;
+      st.running_sum += active;
+      st.max_running = std::max(st.max_running, static_cast<std::int32_t>(end - next));
+      ++step;
+    }
+    next = end;
+    report_progress("static batching", o, next, trace.size(), next_report, step, 0,
+                    trace.size() - next);
+  }
+  st.steps = step;
+  st.drained = true;
   return st;
 }
 
@@ -415,6 +336,10 @@ bool parse(int argc, char** argv, options& o) {
       o.max_running = std::atoi(v);
     } else if (a == "--arrival-rate") {
       o.arrivals_per_step = std::atof(v);
+    } else if (a == "--max-batched-tokens") {
+      o.max_batched_tokens = std::atoi(v);
+    } else if (a == "--prefill-chunk") {
+      o.prefill_chunk = std::atoi(v);
     } else if (a == "--follow-ups") {
       o.follow_up_share = std::atof(v);
     } else {
@@ -422,8 +347,8 @@ bool parse(int argc, char** argv, options& o) {
     }
   }
   return o.requests > 0 && o.block_size > 0 && o.max_len >= 64 && o.kv_tokens >= 2 * o.max_len &&
-         o.max_running > 0 && o.arrivals_per_step > 0 && o.follow_up_share >= 0 &&
-         o.follow_up_share <= 1;
+         o.max_running > 0 && o.max_batched_tokens > 0 && o.prefill_chunk > 0 &&
+         o.arrivals_per_step > 0 && o.follow_up_share >= 0 && o.follow_up_share <= 1;
 }
 
 } // namespace
@@ -435,6 +360,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: serving_sim [--requests N] [--seed S] [--block-size B] [--kv-tokens T]\n"
                  "                   [--max-len L] [--max-running R] [--arrival-rate A]\n"
+                 "                   [--max-batched-tokens T] [--prefill-chunk C]\n"
                  "                   [--follow-ups F] [--no-prefix-cache] [--quiet]\n"
                  "  kv-tokens >= 2 x max-len, max-len >= 64, 0 <= follow-ups <= 1\n");
     return 2;
@@ -458,8 +384,10 @@ int main(int argc, char** argv) {
               o.kv_tokens, o.kv_tokens / o.block_size, o.block_size, o.max_len, o.max_running,
               o.prefix_cache ? "on" : "off");
 
-  const stats paged = simulate<paged_memory>(o, trace);
-  const stats base = simulate<contiguous_memory>(o, trace);
+  const stats paged = o.prefix_cache
+                          ? simulate_kvkit<kvkit::prefix_cache<>>(o, trace)
+                          : simulate_kvkit<kvkit::testing::prefix_index_archetype>(o, trace);
+  const stats base = simulate_static(o, trace);
 
   const auto row = [](const char* label, const stats& s) {
     std::printf(
@@ -474,8 +402,8 @@ int main(int argc, char** argv) {
   };
   std::printf("\n%-20s %7s %9s %6s %5s %13s %10s %11s %6s\n", "KV memory", "steps", "tokens/st",
               "batch", "max", "prompt computed", "prefix hit", "utilization", "preempt");
-  row(paged_memory::name, paged);
-  row(contiguous_memory::name, base);
+  row("kvkit scheduler", paged);
+  row("static, max_len", base);
   std::printf("\nkvkit finished the trace in %.2fx fewer steps and computed %.1f%% of the prompt "
               "tokens the baseline did.\n",
               static_cast<double>(base.steps) / static_cast<double>(paged.steps),
