@@ -1,0 +1,154 @@
+// copy_blocks and swap_blocks beside cudaMemcpyAsync of the same bytes in the same run
+// (targets: >= 90% of a device memcpy, >= 90% of a pinned host<->device memcpy).
+// Pages of 64 KiB (16 tokens x 8 KV heads x 128 channels, fp16 K and V): 32 layers.
+
+#include <algorithm>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include "kvkit/cuda/copy_blocks.cuh"
+
+namespace {
+
+constexpr std::int64_t page_bytes = 65536;
+constexpr std::int32_t layers = 32;
+
+bool gpu_ok() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+template <class F>
+double median_seconds(F&& fn) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  fn();
+  std::vector<float> t;
+  for (int i = 0; i < 15; ++i) {
+    cudaEventRecord(a);
+    fn();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  std::nth_element(t.begin(), t.begin() + 7, t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return t[7] * 1e-3;
+}
+
+// Copies `pairs` pages in every layer: device to device (copy), device to host (swap out) or host
+// to device (swap in).
+void run(benchmark::State& state, int kind) {
+  if (!gpu_ok()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const auto pairs = static_cast<std::int32_t>(state.range(0));
+  const std::int32_t pages = 2 * pairs;
+  const std::size_t layer_bytes = static_cast<std::size_t>(pages) * page_bytes;
+  std::vector<std::byte*> dev(layers), host(layers);
+  for (auto& p : dev) {
+    cudaMalloc(&p, layer_bytes);
+    cudaMemset(p, 0x3C, layer_bytes);
+  }
+  if (kind != 0) {
+    for (auto& p : host) {
+      cudaHostAlloc(&p, layer_bytes, cudaHostAllocDefault);
+    }
+  }
+  std::byte** d_dev = nullptr;
+  std::byte** d_host = nullptr;
+  kvkit::block_copy* d_pairs = nullptr;
+  cudaMalloc(&d_dev, layers * sizeof(std::byte*));
+  cudaMalloc(&d_host, layers * sizeof(std::byte*));
+  cudaMemcpy(d_dev, dev.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_host, host.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice);
+  std::vector<kvkit::block_copy> list;
+  for (std::int32_t i = 0; i < pairs; ++i) {
+    list.push_back({(i * 7) % pairs, pairs + (i * 13) % pairs}); // scattered, disjoint halves
+  }
+  cudaMalloc(&d_pairs, list.size() * sizeof(kvkit::block_copy));
+  cudaMemcpy(d_pairs, list.data(), list.size() * sizeof(kvkit::block_copy), cudaMemcpyHostToDevice);
+  kvkit::cuda::page_copies c{d_dev, d_dev, layers, page_bytes, d_pairs, pairs};
+  if (kind == 1) {
+    c = {d_dev, d_host, layers, page_bytes, d_pairs, pairs};
+  } else if (kind == 2) {
+    c = {d_host, d_dev, layers, page_bytes, d_pairs, pairs};
+  }
+  const double moved = static_cast<double>(pairs) * layers * page_bytes;
+  // The peer: one cudaMemcpyAsync per layer of the same number of contiguous bytes.
+  const auto half = static_cast<std::size_t>(pairs) * page_bytes;
+  const double peer_s = median_seconds([&] {
+    for (std::int32_t l = 0; l < layers; ++l) {
+      if (kind == 0) {
+        cudaMemcpyAsync(dev[static_cast<std::size_t>(l)] + half, dev[static_cast<std::size_t>(l)],
+                        half, cudaMemcpyDeviceToDevice);
+      } else if (kind == 1) {
+        cudaMemcpyAsync(host[static_cast<std::size_t>(l)], dev[static_cast<std::size_t>(l)], half,
+                        cudaMemcpyDeviceToHost);
+      } else {
+        cudaMemcpyAsync(dev[static_cast<std::size_t>(l)], host[static_cast<std::size_t>(l)], half,
+                        cudaMemcpyHostToDevice);
+      }
+    }
+  });
+  cudaEvent_t a, e;
+  cudaEventCreate(&a);
+  cudaEventCreate(&e);
+  for (auto _ : state) {
+    cudaEventRecord(a);
+    const cudaError_t err =
+        kind == 0 ? kvkit::cuda::copy_blocks(c, nullptr) : kvkit::cuda::swap_blocks(c, nullptr);
+    cudaEventRecord(e);
+    cudaEventSynchronize(e);
+    if (err != cudaSuccess) {
+      state.SkipWithError(cudaGetErrorString(err));
+      break;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, e);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  // Device copies count bytes read and written, as the memcpy figure of docs/performance.md does;
+  // swaps count bytes crossing the bus.
+  const double bytes = kind == 0 ? 2 * moved : moved;
+  state.counters["bytes/s"] =
+      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["memcpy_GB/s"] = bytes / peer_s / 1e9;
+  state.counters["x_memcpy"] =
+      benchmark::Counter(bytes / (bytes / peer_s), benchmark::Counter::kIsIterationInvariantRate);
+  cudaEventDestroy(a);
+  cudaEventDestroy(e);
+  for (auto p : dev) {
+    cudaFree(p);
+  }
+  if (kind != 0) {
+    for (auto p : host) {
+      cudaFreeHost(p);
+    }
+  }
+  cudaFree(d_dev);
+  cudaFree(d_host);
+  cudaFree(d_pairs);
+}
+
+void BM_copy_blocks(benchmark::State& state) {
+  run(state, 0);
+}
+void BM_swap_out(benchmark::State& state) {
+  run(state, 1);
+}
+void BM_swap_in(benchmark::State& state) {
+  run(state, 2);
+}
+BENCHMARK(BM_copy_blocks)->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_swap_out)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_swap_in)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+} // namespace

@@ -1,0 +1,175 @@
+#pragma once
+//! CPU reference of paged attention in float64: decode (one query per sequence) and
+//! prefill/extend (several queries per sequence over its paged cache), for any codec and layout.
+//! What the GPU attention kernels are tested against.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "kvkit/block/page_table.hpp"
+#include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/error.hpp"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/reference/quantize.hpp"
+
+namespace kvkit::reference {
+
+//! Options of the attention references (and, later, the kernels).
+struct attention_options {
+  float scale = 0.0F;           //!< logit scale; 0 means 1 / sqrt(head_dim)
+  std::int32_t window = 0;      //!< sliding window: keys at most window-1 positions back; 0: all
+  float logits_soft_cap = 0.0F; //!< cap * tanh(logit / cap) when > 0
+};
+
+namespace detail {
+
+// One element of a page region, decoded.
+template <kv_codec C, class Layout>
+double read(const Layout& l, const std::byte* data, const std::byte* params, const float* scales,
+            std::int32_t t, std::int32_t h, std::int32_t c) {
+  typename C::params p{};
+  if constexpr (C::scaling == kv_scaling::static_per_head) {
+    p = C::with_scale(scales[h]);
+  } else if constexpr (C::param_bytes > 0) {
+    p = C::load(params + l.template param_index<C>(t, h, c) * C::param_bytes);
+  }
+  return C::decode(get_code<C::bits>(data, l.element_index(t, h, c)), p);
+}
+
+} // namespace detail
+
+//! Attention of `qo_indptr`-grouped queries over a paged cache. Sequence b of `table` has
+//! `num_tokens(b)` cached tokens; its queries `q[qo_indptr[b] .. qo_indptr[b+1])` are its last
+//! tokens (positions num_tokens(b) - n .. num_tokens(b) - 1), each attending causally to the keys
+//! at or before its own position (within `window` when set). Shapes: q and out
+//! [total queries][num_q_heads][head_dim]; lse (optional) [total queries][num_q_heads], natural log
+//! of the softmax denominator, scaled logits included. Query head h reads KV head
+//! h / (num_q_heads / num_kv_heads) (GQA; MQA when there is one KV head). `cache` holds
+//! `num_cache_pages` pages of `layout.bytes_per_page()` bytes for one layer; `static_scales`
+//! [2][num_kv_heads] for fp8 codecs. Errors: bad_argument (shapes, null pointers, a sequence with
+//! more queries than tokens, missing fp8 scales), invalid_block (a page id outside the cache).
+template <class Layout>
+[[nodiscard]] status
+paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_cache_pages,
+                const csr_page_table& table, std::span<const std::int32_t> qo_indptr,
+                const float* q, std::int32_t num_q_heads, float* out, float* lse = nullptr,
+                const float* static_scales = nullptr, const attention_options& options = {}) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  const std::int32_t kv_heads = layout.num_kv_heads();
+  const std::int32_t dim = layout.head_dim();
+  if (!layout.validate().ok() || cache == nullptr || q == nullptr || out == nullptr ||
+      num_q_heads <= 0 || num_q_heads % kv_heads != 0 || table.page_size != layout.page_size() ||
+      qo_indptr.size() != static_cast<std::size_t>(table.batch_size) + 1 || options.window < 0 ||
+      !detail::scales_ok<K>(static_scales, kv_heads) ||
+      !detail::scales_ok<V>(static_scales == nullptr ? nullptr : static_scales + kv_heads,
+                            kv_heads)) {
+    return errc::bad_argument;
+  }
+  for (std::int32_t b = 0; b < table.batch_size; ++b) {
+    const std::int32_t n =
+        qo_indptr[static_cast<std::size_t>(b) + 1] - qo_indptr[static_cast<std::size_t>(b)];
+    if (n < 0 || n > table.num_tokens(b) || table.num_pages(b) < 0) {
+      return errc::bad_argument;
+    }
+    for (std::int32_t i = 0; i < table.num_pages(b); ++i) {
+      if (table.page(b, i) < 0 || table.page(b, i) >= num_cache_pages) {
+        return errc::invalid_block;
+      }
+    }
+  }
+  const double scale =
+      options.scale > 0.0F ? options.scale : 1.0 / std::sqrt(static_cast<double>(dim));
+  const std::int32_t group = num_q_heads / kv_heads;
+  const float* v_scales = static_scales == nullptr ? nullptr : static_scales + kv_heads;
+  std::vector<double> logits;
+  std::vector<double> acc(static_cast<std::size_t>(dim));
+  for (std::int32_t b = 0; b < table.batch_size; ++b) {
+    const std::int32_t len = table.num_tokens(b);
+    const std::int32_t first_q = qo_indptr[static_cast<std::size_t>(b)];
+    const std::int32_t nq = qo_indptr[static_cast<std::size_t>(b) + 1] - first_q;
+    for (std::int32_t i = 0; i < nq; ++i) {
+      const std::int32_t pos = len - nq + i; // the query's own position
+      const std::int32_t lo = options.window > 0 ? std::max(0, pos - options.window + 1) : 0;
+      for (std::int32_t h = 0; h < num_q_heads; ++h) {
+        const std::int32_t kvh = h / group;
+        const float* qv = q + (static_cast<std::int64_t>(first_q + i) * num_q_heads + h) * dim;
+        logits.assign(static_cast<std::size_t>(pos + 1 - lo), 0.0);
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int32_t t = lo; t <= pos; ++t) {
+          const std::byte* page =
+              cache + static_cast<std::int64_t>(table.page(b, t / layout.page_size())) *
+                          layout.bytes_per_page();
+          const std::int32_t slot = t % layout.page_size();
+          double dot = 0.0;
+          for (std::int32_t c = 0; c < dim; ++c) {
+            dot += static_cast<double>(qv[c]) *
+                   detail::read<K>(layout, page + layout.k_data_offset(),
+                                   page + layout.k_param_offset(), static_scales, slot, kvh, c);
+          }
+          double logit = dot * scale;
+          if (options.logits_soft_cap > 0.0F) {
+            logit = options.logits_soft_cap * std::tanh(logit / options.logits_soft_cap);
+          }
+          logits[static_cast<std::size_t>(t - lo)] = logit;
+          m = std::max(m, logit);
+        }
+        double z = 0.0;
+        for (double& x : logits) {
+          x = std::exp(x - m);
+          z += x;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (std::int32_t t = lo; t <= pos; ++t) {
+          const std::byte* page =
+              cache + static_cast<std::int64_t>(table.page(b, t / layout.page_size())) *
+                          layout.bytes_per_page();
+          const std::int32_t slot = t % layout.page_size();
+          const double p = logits[static_cast<std::size_t>(t - lo)] / z;
+          for (std::int32_t c = 0; c < dim; ++c) {
+            acc[static_cast<std::size_t>(c)] +=
+                p * detail::read<V>(layout, page + layout.v_data_offset(),
+                                    page + layout.v_param_offset(), v_scales, slot, kvh, c);
+          }
+        }
+        float* o = out + (static_cast<std::int64_t>(first_q + i) * num_q_heads + h) * dim;
+        for (std::int32_t c = 0; c < dim; ++c) {
+          o[c] = static_cast<float>(acc[static_cast<std::size_t>(c)]);
+        }
+        if (lse != nullptr) {
+          lse[static_cast<std::int64_t>(first_q + i) * num_q_heads + h] =
+              static_cast<float>(m + std::log(z));
+        }
+      }
+    }
+  }
+  return {};
+}
+
+//! Decode attention: one query per sequence (its newest token), q and out
+//! [batch][num_q_heads][head_dim]. A sequence with no tokens is an error (bad_argument).
+template <class Layout>
+[[nodiscard]] status paged_decode(const Layout& layout, const std::byte* cache,
+                                  std::int32_t num_cache_pages, const csr_page_table& table,
+                                  const float* q, std::int32_t num_q_heads, float* out,
+                                  float* lse = nullptr, const float* static_scales = nullptr,
+                                  const attention_options& options = {}) {
+  std::vector<std::int32_t> qo(static_cast<std::size_t>(table.batch_size) + 1);
+  for (std::int32_t b = 0; b <= table.batch_size; ++b) {
+    qo[static_cast<std::size_t>(b)] = b;
+  }
+  for (std::int32_t b = 0; b < table.batch_size; ++b) {
+    if (table.num_pages(b) <= 0 || table.num_tokens(b) <= 0) {
+      return errc::bad_argument;
+    }
+  }
+  return paged_attention(layout, cache, num_cache_pages, table, qo, q, num_q_heads, out, lse,
+                         static_scales, options);
+}
+
+} // namespace kvkit::reference

@@ -1,0 +1,30 @@
+#pragma once
+// Host-callable wrappers of the page movement kernels for the tests (copy_device.cu).
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "kvkit/block/types.hpp"
+
+namespace kvkit_test {
+
+// Runs copy_blocks over `layers` device caches (contents given, one vector per layer) and returns
+// them afterwards.
+cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
+                            std::int64_t bytes_per_page,
+                            const std::vector<kvkit::block_copy>& pairs);
+
+// Swaps `out` pairs device -> pinned host, then `in` pairs host -> device, and returns both tiers.
+cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
+                      std::vector<std::vector<std::byte>>& host, std::int64_t bytes_per_page,
+                      const std::vector<kvkit::block_copy>& out,
+                      const std::vector<kvkit::block_copy>& in);
+
+// Whether validate() and the launchers reject bad arguments (zero layers, page sizes that are not
+// multiples of 16, missing pointers) and accept an empty batch.
+bool copy_validation_works();
+
+} // namespace kvkit_test
