@@ -24,6 +24,13 @@ device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k
                                    const std::vector<std::int32_t>& page_ids, std::int32_t capacity,
                                    const std::vector<float>& static_scales);
 
+// write_kv of `k`/`v` (num_tokens rows) to `slots` in a cache of `capacity` pages poisoned with
+// 0xA5; returns the cache (or the error).
+template <class Layout, class T>
+device_round_trip<T> run_write_kv(const Layout& layout, const std::vector<T>& k,
+                                  const std::vector<T>& v, const std::vector<std::int64_t>& slots,
+                                  std::int32_t capacity, const std::vector<float>& static_scales);
+
 // Mismatches between kvkit's conversions run on the device and the device's own conversion
 // instructions (cvt.rn.satfinite for fp8, __float2half_rn, __float2bfloat16_rn) over `n` floats
 // made from hashed indices (every bit pattern class). Negative on a CUDA error.

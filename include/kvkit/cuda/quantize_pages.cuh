@@ -217,18 +217,14 @@ __device__ inline typename C::params group_params(const float (&x)[N], int lanes
 // keeps this many 16-byte accesses in flight.
 inline constexpr std::int32_t tokens_per_cta = 4;
 
-template <kv_codec C, class Layout, class T>
-__global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
-                                     const std::int32_t* page_ids, std::int64_t data_offset,
-                                     std::int64_t param_offset, const float* scales) {
-  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
-  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
-  std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+// Quantizes up to tokens_per_cta token rows of one region (K or V): row u is read from
+// rows.src(u) (nullptr when there is no such token) and written as token rows.token(u) of page
+// rows.page(u). Shared by whole-page quantization and write_kv.
+template <kv_codec C, class Layout, class Rows>
+__device__ void quantize_token_rows(const Layout& l, const Rows& rows, std::int64_t data_offset,
+                                    std::int64_t param_offset, const float* scales) {
   const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8); // chunks per head
   const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
-  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
-  const T* rows =
-      src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems;
   const int lanes = group_lanes<C>(l.head_dim());
   const std::int32_t group =
       C::scaling == kv_scaling::per_token_group ? C::group_size : l.head_dim();
@@ -240,9 +236,10 @@ __global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
     float x[tokens_per_cta][8];
 #pragma unroll
     for (int u = 0; u < tokens_per_cta; ++u) {
-      valid[u] = chunk < chunks && token0 + u < l.page_size();
+      const auto* src = rows.src(u);
+      valid[u] = chunk < chunks && src != nullptr;
       if (valid[u]) {
-        load8(rows + u * row_elems + static_cast<std::int64_t>(chunk) * 8, x[u]);
+        load8(src + static_cast<std::int64_t>(chunk) * 8, x[u]);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -255,7 +252,8 @@ __global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
     for (int u = 0; u < tokens_per_cta; ++u) {
       const auto p = group_params<C>(x[u], lanes, scale);
       if (valid[u]) {
-        const std::int32_t token = token0 + u;
+        const std::int32_t token = rows.token(u);
+        std::byte* page = rows.page(u);
         std::uint32_t q[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -271,6 +269,65 @@ __global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
       }
     }
   }
+}
+
+// Rows of whole pages: tokens token0 .. token0 + 3 of one page, read from contiguous input.
+template <class T>
+struct page_rows {
+  const T* first;
+  std::int64_t row_elems;
+  std::int32_t token0;
+  std::int32_t tokens;
+  std::byte* dest;
+  __device__ const T* src(int u) const { return u < tokens ? first + u * row_elems : nullptr; }
+  __device__ std::int32_t token(int u) const { return token0 + u; }
+  __device__ std::byte* page(int /*u*/) const { return dest; }
+};
+
+template <kv_codec C, class Layout, class T>
+__global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
+                                     const std::int32_t* page_ids, std::int64_t data_offset,
+                                     std::int64_t param_offset, const float* scales) {
+  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
+  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+  const page_rows<T> rows{
+      src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems, row_elems,
+      token0, l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta,
+      cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page()};
+  quantize_token_rows<C>(l, rows, data_offset, param_offset, scales);
+}
+
+// Rows of new tokens, each to its own slot (`block * page_size + offset`; negative: skip).
+template <class T>
+struct slot_rows {
+  const T* first;
+  std::int64_t row_elems;
+  const std::int64_t* slots;
+  std::int32_t first_token;
+  std::int32_t num_tokens;
+  std::byte* cache;
+  std::int64_t bytes_per_page;
+  std::int32_t page_size;
+  __device__ std::int64_t slot(int u) const {
+    return first_token + u < num_tokens ? slots[first_token + u] : -1;
+  }
+  __device__ const T* src(int u) const { return slot(u) >= 0 ? first + u * row_elems : nullptr; }
+  __device__ std::int32_t token(int u) const {
+    return static_cast<std::int32_t>(slot(u) % page_size);
+  }
+  __device__ std::byte* page(int u) const { return cache + slot(u) / page_size * bytes_per_page; }
+};
+
+template <kv_codec C, class Layout, class T>
+__global__ void write_kv_kernel(Layout l, const T* src, const std::int64_t* slots,
+                                std::int32_t num_tokens, std::byte* cache, std::int64_t data_offset,
+                                std::int64_t param_offset, const float* scales) {
+  const auto first = static_cast<std::int32_t>(blockIdx.x) * tokens_per_cta;
+  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+  const slot_rows<T> rows{src + first * row_elems, row_elems,    slots, first, num_tokens, cache,
+                          l.bytes_per_page(),      l.page_size()};
+  quantize_token_rows<C>(l, rows, data_offset, param_offset, scales);
 }
 
 template <kv_codec C, class Layout, class T>
