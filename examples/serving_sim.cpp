@@ -52,7 +52,17 @@ struct options {
   double system_prompt_share = 0.8; // new conversations that start with a shared system prompt
   bool prefix_cache = true;
   bool quiet = false;
+  std::string csv; // per-step series of both runs, for plots
 };
+
+// Per-step series: system, step, running, waiting, reserved tokens, stored tokens, tokens computed.
+void csv_row(std::FILE* f, const char* system, std::int64_t step, std::size_t running,
+             std::size_t waiting, double reserved, double stored, std::int64_t computed) {
+  if (f != nullptr) {
+    std::fprintf(f, "%s,%lld,%zu,%zu,%.0f,%.0f,%lld\n", system, static_cast<long long>(step),
+                 running, waiting, reserved, stored, static_cast<long long>(computed));
+  }
+}
 
 struct request {
   std::int32_t arrival = 0;
@@ -151,7 +161,7 @@ Cache make_cache(kvkit::block_pool& pool, std::int32_t block_size) {
 // admission, preemption by recompute); this loop plays the engine. The model's "samples" are the
 // trace's output tokens, so a preempted and recomputed request produces the same tokens.
 template <class Cache>
-stats simulate_kvkit(const options& o, const std::vector<request>& trace) {
+stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::FILE* csv) {
   using table_t = kvkit::block_table<kvkit::block_pool>;
   using cache_t = Cache;
   kvkit::block_pool pool(o.kv_tokens / o.block_size);
@@ -234,6 +244,9 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace) {
     }
     st.stored_token_steps += static_cast<double>(stored);
     st.reserved_token_steps += static_cast<double>(pool.num_used()) * o.block_size;
+    csv_row(csv, "kvkit", step, plan.batch.size(), sched.num_waiting(),
+            static_cast<double>(pool.num_used()) * o.block_size, static_cast<double>(stored),
+            plan.num_tokens);
     st.running_sum += static_cast<double>(plan.batch.size());
     st.max_running = std::max(st.max_running, static_cast<std::int32_t>(plan.batch.size()));
     st.copies += static_cast<std::int64_t>(plan.copies.size());
@@ -261,7 +274,7 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace) {
 // The baseline: static batching with max_len contiguous slots reserved per request. A batch of
 // as many requests as fit is formed, prefilled, and decoded until its longest request finishes;
 // only then is the next batch formed. No reuse of shared prompts.
-stats simulate_static(const options& o, const std::vector<request>& trace) {
+stats simulate_static(const options& o, const std::vector<request>& trace, std::FILE* csv) {
   stats st;
   const auto slots = static_cast<std::size_t>(std::min(o.kv_tokens / o.max_len, o.max_running));
   std::size_t next = 0;
@@ -275,7 +288,9 @@ stats simulate_static(const options& o, const std::vector<request>& trace) {
       ++end;
     }
     std::int32_t longest = 0;
+    std::int64_t batch_prompt = 0;
     for (std::size_t i = next; i < end; ++i) {
+      batch_prompt += static_cast<std::int64_t>(trace[i].prompt.size());
       st.prompt_tokens += static_cast<std::int64_t>(trace[i].prompt.size());
       longest = std::max(longest, static_cast<std::int32_t>(trace[i].output.size()));
     }
@@ -294,6 +309,8 @@ stats simulate_static(const options& o, const std::vector<request>& trace) {
       }
       st.stored_token_steps += live;
       st.reserved_token_steps += static_cast<double>(end - next) * o.max_len;
+      csv_row(csv, "static", step, static_cast<std::size_t>(active), trace.size() - end,
+              static_cast<double>(end - next) * o.max_len, live, t == 0 ? batch_prompt : active);
       st.running_sum += active;
       st.max_running = std::max(st.max_running, static_cast<std::int32_t>(end - next));
       ++step;
@@ -336,6 +353,8 @@ bool parse(int argc, char** argv, options& o) {
       o.max_running = std::atoi(v);
     } else if (a == "--arrival-rate") {
       o.arrivals_per_step = std::atof(v);
+    } else if (a == "--csv") {
+      o.csv = v;
     } else if (a == "--max-batched-tokens") {
       o.max_batched_tokens = std::atoi(v);
     } else if (a == "--prefill-chunk") {
@@ -361,7 +380,7 @@ int main(int argc, char** argv) {
                  "usage: serving_sim [--requests N] [--seed S] [--block-size B] [--kv-tokens T]\n"
                  "                   [--max-len L] [--max-running R] [--arrival-rate A]\n"
                  "                   [--max-batched-tokens T] [--prefill-chunk C]\n"
-                 "                   [--follow-ups F] [--no-prefix-cache] [--quiet]\n"
+                 "                   [--follow-ups F] [--no-prefix-cache] [--csv FILE] [--quiet]\n"
                  "  kv-tokens >= 2 x max-len, max-len >= 64, 0 <= follow-ups <= 1\n");
     return 2;
   }
@@ -384,10 +403,22 @@ int main(int argc, char** argv) {
               o.kv_tokens, o.kv_tokens / o.block_size, o.block_size, o.max_len, o.max_running,
               o.prefix_cache ? "on" : "off");
 
+  std::FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
+  if (!o.csv.empty() && csv == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", o.csv.c_str());
+    return 2;
+  }
+  if (csv != nullptr) {
+    std::fprintf(csv,
+                 "system,step,running,waiting,reserved_tokens,stored_tokens,computed_tokens\n");
+  }
   const stats paged = o.prefix_cache
-                          ? simulate_kvkit<kvkit::prefix_cache<>>(o, trace)
-                          : simulate_kvkit<kvkit::testing::prefix_index_archetype>(o, trace);
-  const stats base = simulate_static(o, trace);
+                          ? simulate_kvkit<kvkit::prefix_cache<>>(o, trace, csv)
+                          : simulate_kvkit<kvkit::testing::prefix_index_archetype>(o, trace, csv);
+  const stats base = simulate_static(o, trace, csv);
+  if (csv != nullptr) {
+    std::fclose(csv);
+  }
 
   const auto row = [](const char* label, const stats& s) {
     std::printf(
