@@ -8,6 +8,7 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include "cuda/bench_cuda_timing.cuh"
 #include "kvkit/cuda/copy_blocks.cuh"
 
 namespace {
@@ -15,37 +16,10 @@ namespace {
 constexpr std::int64_t page_bytes = 65536;
 constexpr std::int32_t layers = 32;
 
-bool gpu_ok() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-template <class F>
-double median_seconds(F&& fn) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  fn();
-  std::vector<float> t;
-  for (int i = 0; i < 15; ++i) {
-    cudaEventRecord(a);
-    fn();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  std::nth_element(t.begin(), t.begin() + 7, t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return t[7] * 1e-3;
-}
-
 // Copies `pairs` pages in every layer: device to device (copy), device to host (swap out) or host
 // to device (swap in).
 void run(benchmark::State& state, int kind) {
-  if (!gpu_ok()) {
+  if (!kvkit_bench::gpu_available()) {
     state.SkipWithError("no CUDA device");
     return;
   }
@@ -84,7 +58,7 @@ void run(benchmark::State& state, int kind) {
   const double moved = static_cast<double>(pairs) * layers * page_bytes;
   // The peer: one cudaMemcpyAsync per layer of the same number of contiguous bytes.
   const auto half = static_cast<std::size_t>(pairs) * page_bytes;
-  const double peer_s = median_seconds([&] {
+  const double peer_s = kvkit_bench::median_seconds([&] {
     for (std::int32_t l = 0; l < layers; ++l) {
       if (kind == 0) {
         cudaMemcpyAsync(dev[static_cast<std::size_t>(l)] + half, dev[static_cast<std::size_t>(l)],

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/bench_cuda_timing.cuh"
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -18,11 +19,6 @@ namespace {
 
 constexpr double target_bytes_per_s = 3.5e12;
 constexpr std::int32_t num_pages = 16384; // 16 tokens x 8 heads x 128: 1 GiB of bf16 K+V
-
-bool gpu_ok() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 __global__ void fill(__nv_bfloat16* x, std::size_t n, unsigned seed) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -35,32 +31,9 @@ __global__ void fill(__nv_bfloat16* x, std::size_t n, unsigned seed) {
   }
 }
 
-// Median time in seconds of `fn` (launched on stream 0) over `reps` runs timed with events.
-template <class F>
-double median_seconds(F&& fn, int reps) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  fn();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a);
-    fn();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
-  return t[static_cast<std::size_t>(reps / 2)] * 1e-3;
-}
-
 template <class Layout>
 void run(benchmark::State& state, bool quantize) {
-  if (!gpu_ok()) {
+  if (!kvkit_bench::gpu_available()) {
     state.SkipWithError("no CUDA device");
     return;
   }
@@ -98,8 +71,8 @@ void run(benchmark::State& state, bool quantize) {
     return;
   }
   // The peer: a device-to-device copy of the bf16 K and V, in the same run.
-  const double copy_s =
-      median_seconds([&] { cudaMemcpyAsync(k, v, elems * 2, cudaMemcpyDeviceToDevice); }, 20);
+  const double copy_s = kvkit_bench::median_seconds(
+      [&] { cudaMemcpyAsync(k, v, elems * 2, cudaMemcpyDeviceToDevice); }, 20);
   fill<<<2048, 256>>>(k, elems, 1);
   const double copy_rate = 2.0 * static_cast<double>(elems) * 2 / copy_s;
   const double bytes = static_cast<double>(elems) * 2 * 2 + static_cast<double>(cache_bytes);

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/bench_cuda_timing.cuh"
 #include "kvkit/cuda/write_kv.cuh"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -22,8 +23,7 @@ constexpr double target = 3.5e12;
 
 template <class Layout>
 void BM_write_kv(benchmark::State& state) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  if (!kvkit_bench::gpu_available()) {
     state.SkipWithError("no CUDA device");
     return;
   }
@@ -59,22 +59,13 @@ void BM_write_kv(benchmark::State& state) {
   cudaMemcpy(scales, host_scales.data(), 64, cudaMemcpyHostToDevice);
   const kvkit::cuda::kv_write<Layout, __nv_bfloat16> w{layout, cache, capacity, slots,
                                                        tokens, k,     v,        scales};
+  // Peer: device copy of the bf16 K and V.
+  const double copy_s = kvkit_bench::median_seconds(
+      [&] { cudaMemcpyAsync(k, v, elems * 2, cudaMemcpyDeviceToDevice); });
+  const double copy_rate = 2.0 * static_cast<double>(elems) * 2 / copy_s;
   cudaEvent_t a, e;
   cudaEventCreate(&a);
   cudaEventCreate(&e);
-  // Peer: device copy of the bf16 K and V.
-  std::vector<float> copies;
-  for (int i = 0; i < 15; ++i) {
-    cudaEventRecord(a);
-    cudaMemcpyAsync(k, v, elems * 2, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e);
-    cudaEventSynchronize(e);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, e);
-    copies.push_back(ms);
-  }
-  std::nth_element(copies.begin(), copies.begin() + 7, copies.end());
-  const double copy_rate = 2.0 * static_cast<double>(elems) * 2 / (copies[7] * 1e-3);
   (void)kvkit::cuda::write_kv(w, nullptr);
   for (auto _ : state) {
     cudaEventRecord(a);

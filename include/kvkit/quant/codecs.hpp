@@ -240,60 +240,45 @@ struct int8_codec {
   }
 };
 
+namespace detail {
+
+// The arithmetic both int4 codecs share: codes 0..15 over a min/max range, fp16 scale and zero.
+struct int4_min_max {
+  using params = scale_zero;
+  static constexpr std::int32_t bits = 4;
+  static constexpr std::int32_t param_bytes = 4;
+  KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
+    return fit_min_max(xs, n, 15.0F);
+  }
+  //! Parameters from a group's finite range (what `fit` reduces to).
+  KVKIT_HOST_DEVICE static params from_range(finite_range r) { return min_max_params(r, 15.0F); }
+  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
+    return encode_min_max(x, p, 15);
+  }
+  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
+    return decode_min_max(code & 0xFU, p);
+  }
+  KVKIT_HOST_DEVICE static void store(const params& p, std::byte* out) { store_fp16_pair(p, out); }
+  KVKIT_HOST_DEVICE static params load(const std::byte* in) { return load_fp16_pair(in); }
+};
+
+} // namespace detail
+
 //! int4 asymmetric over groups of `Group` channels (32, 64 or 128) per token and KV head:
 //! code = round((x - min) / scale) in 0..15, scale = (max - min) / 15, both stored as fp16.
 //! +Inf clamps to 15, -Inf and NaN to 0; non-finite values do not move the group's range.
 template <std::int32_t Group>
-requires(Group == 32 || Group == 64 || Group == 128) struct int4_group_codec {
-  using params = detail::scale_zero;
-  static constexpr std::int32_t bits = 4;
+requires(Group == 32 || Group == 64 || Group == 128) struct int4_group_codec
+    : detail::int4_min_max {
   static constexpr kv_scaling scaling = kv_scaling::per_token_group;
   static constexpr std::int32_t group_size = Group;
-  static constexpr std::int32_t param_bytes = 4;
-  KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
-    return detail::fit_min_max(xs, n, 15.0F);
-  }
-  //! Parameters from a group's finite range (what `fit` reduces to).
-  KVKIT_HOST_DEVICE static params from_range(detail::finite_range r) {
-    return detail::min_max_params(r, 15.0F);
-  }
-  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
-    return detail::encode_min_max(x, p, 15);
-  }
-  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
-    return detail::decode_min_max(code & 0xFU, p);
-  }
-  KVKIT_HOST_DEVICE static void store(const params& p, std::byte* out) {
-    detail::store_fp16_pair(p, out);
-  }
-  KVKIT_HOST_DEVICE static params load(const std::byte* in) { return detail::load_fp16_pair(in); }
 };
 
 //! int4 asymmetric per channel over a page's tokens (for K, whose outliers sit in fixed channels):
 //! one fp16 scale and zero point per page, KV head and channel. Quantizes whole pages.
-struct int4_channel_codec {
-  using params = detail::scale_zero;
-  static constexpr std::int32_t bits = 4;
+struct int4_channel_codec : detail::int4_min_max {
   static constexpr kv_scaling scaling = kv_scaling::per_page_channel;
   static constexpr std::int32_t group_size = 0;
-  static constexpr std::int32_t param_bytes = 4;
-  KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
-    return detail::fit_min_max(xs, n, 15.0F);
-  }
-  //! Parameters from a group's finite range (what `fit` reduces to).
-  KVKIT_HOST_DEVICE static params from_range(detail::finite_range r) {
-    return detail::min_max_params(r, 15.0F);
-  }
-  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
-    return detail::encode_min_max(x, p, 15);
-  }
-  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& p) {
-    return detail::decode_min_max(code & 0xFU, p);
-  }
-  KVKIT_HOST_DEVICE static void store(const params& p, std::byte* out) {
-    detail::store_fp16_pair(p, out);
-  }
-  KVKIT_HOST_DEVICE static params load(const std::byte* in) { return detail::load_fp16_pair(in); }
 };
 
 static_assert(kv_codec<fp16_codec>);

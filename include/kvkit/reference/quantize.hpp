@@ -133,6 +133,16 @@ void dequantize_region(const Layout& l, const std::byte* data, const std::byte* 
   }
 }
 
+template <class Layout>
+bool page_args_ok(const Layout& layout, std::int32_t num_tokens, const void* k, const void* v,
+                  const void* page, const float* scales) {
+  const std::int32_t heads = layout.num_kv_heads();
+  return layout.validate().ok() && num_tokens >= 0 && num_tokens <= layout.page_size() &&
+         k != nullptr && v != nullptr && page != nullptr &&
+         scales_ok<typename Layout::k_codec>(scales, heads) &&
+         scales_ok<typename Layout::v_codec>(scales == nullptr ? nullptr : scales + heads, heads);
+}
+
 } // namespace detail
 
 //! Quantizes `num_tokens` tokens of K and V (`k`, `v`: [num_tokens][num_kv_heads][head_dim]
@@ -147,18 +157,14 @@ template <class Layout>
                                    const float* static_scales = nullptr) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  const std::int32_t heads = layout.num_kv_heads();
-  if (!layout.validate().ok() || num_tokens < 0 || num_tokens > layout.page_size() ||
-      k == nullptr || v == nullptr || page == nullptr ||
-      !detail::scales_ok<K>(static_scales, heads) ||
-      !detail::scales_ok<V>(static_scales == nullptr ? nullptr : static_scales + heads, heads)) {
+  if (!detail::page_args_ok(layout, num_tokens, k, v, page, static_scales)) {
     return errc::bad_argument;
   }
   detail::quantize_region<K>(layout, k, num_tokens, page + layout.k_data_offset(),
                              page + layout.k_param_offset(), static_scales);
-  detail::quantize_region<V>(layout, v, num_tokens, page + layout.v_data_offset(),
-                             page + layout.v_param_offset(),
-                             static_scales == nullptr ? nullptr : static_scales + heads);
+  detail::quantize_region<V>(
+      layout, v, num_tokens, page + layout.v_data_offset(), page + layout.v_param_offset(),
+      static_scales == nullptr ? nullptr : static_scales + layout.num_kv_heads());
   return {};
 }
 
@@ -170,18 +176,14 @@ template <class Layout>
                                      const float* static_scales = nullptr) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  const std::int32_t heads = layout.num_kv_heads();
-  if (!layout.validate().ok() || num_tokens < 0 || num_tokens > layout.page_size() ||
-      k == nullptr || v == nullptr || page == nullptr ||
-      !detail::scales_ok<K>(static_scales, heads) ||
-      !detail::scales_ok<V>(static_scales == nullptr ? nullptr : static_scales + heads, heads)) {
+  if (!detail::page_args_ok(layout, num_tokens, k, v, page, static_scales)) {
     return errc::bad_argument;
   }
   detail::dequantize_region<K>(layout, page + layout.k_data_offset(),
                                page + layout.k_param_offset(), num_tokens, k, static_scales);
-  detail::dequantize_region<V>(layout, page + layout.v_data_offset(),
-                               page + layout.v_param_offset(), num_tokens, v,
-                               static_scales == nullptr ? nullptr : static_scales + heads);
+  detail::dequantize_region<V>(
+      layout, page + layout.v_data_offset(), page + layout.v_param_offset(), num_tokens, v,
+      static_scales == nullptr ? nullptr : static_scales + layout.num_kv_heads());
   return {};
 }
 

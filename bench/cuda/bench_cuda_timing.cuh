@@ -1,0 +1,40 @@
+#pragma once
+// Shared helpers of the GPU benchmarks: a device check and event timing of a peer operation.
+
+#include <algorithm>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+namespace kvkit_bench {
+
+inline bool gpu_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Median seconds of `fn` (work queued on stream 0) over `reps` runs timed with CUDA events,
+// after one warm-up run.
+template <class F>
+double median_seconds(F&& fn, int reps = 15) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  fn();
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    fn();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[static_cast<std::size_t>(reps / 2)] * 1e-3;
+}
+
+} // namespace kvkit_bench
