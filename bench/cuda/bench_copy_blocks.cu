@@ -72,23 +72,9 @@ void run(benchmark::State& state, int kind) {
       }
     }
   });
-  cudaEvent_t a, e;
-  cudaEventCreate(&a);
-  cudaEventCreate(&e);
-  for (auto _ : state) {
-    cudaEventRecord(a);
-    const cudaError_t err =
-        kind == 0 ? kvkit::cuda::copy_blocks(c, nullptr) : kvkit::cuda::swap_blocks(c, nullptr);
-    cudaEventRecord(e);
-    cudaEventSynchronize(e);
-    if (err != cudaSuccess) {
-      state.SkipWithError(cudaGetErrorString(err));
-      break;
-    }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, e);
-    state.SetIterationTime(ms * 1e-3);
-  }
+  kvkit_bench::time_launches(state, [&] {
+    return kind == 0 ? kvkit::cuda::copy_blocks(c, nullptr) : kvkit::cuda::swap_blocks(c, nullptr);
+  });
   // Device copies count bytes read and written, as the memcpy figure of docs/performance.md does;
   // swaps count bytes crossing the bus.
   const double bytes = kind == 0 ? 2 * moved : moved;
@@ -97,8 +83,6 @@ void run(benchmark::State& state, int kind) {
   state.counters["memcpy_GB/s"] = bytes / peer_s / 1e9;
   state.counters["x_memcpy"] =
       benchmark::Counter(bytes / (bytes / peer_s), benchmark::Counter::kIsIterationInvariantRate);
-  cudaEventDestroy(a);
-  cudaEventDestroy(e);
   for (auto p : dev) {
     cudaFree(p);
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
 namespace kvkit_bench {
@@ -35,6 +36,30 @@ double median_seconds(F&& fn, int reps = 15) {
   cudaEventDestroy(b);
   std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
   return t[static_cast<std::size_t>(reps / 2)] * 1e-3;
+}
+
+// The benchmark loop of a GPU launch: times each iteration of `launch` (which returns the launch's
+// cudaError_t) with CUDA events and reports it as manual time; stops with an error on failure.
+template <class Launch>
+void time_launches(benchmark::State& state, Launch&& launch) {
+  cudaEvent_t a, e;
+  cudaEventCreate(&a);
+  cudaEventCreate(&e);
+  for (auto _ : state) {
+    cudaEventRecord(a);
+    const cudaError_t err = launch();
+    cudaEventRecord(e);
+    cudaEventSynchronize(e);
+    if (err != cudaSuccess) {
+      state.SkipWithError(cudaGetErrorString(err));
+      break;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, e);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(e);
 }
 
 } // namespace kvkit_bench

@@ -76,23 +76,10 @@ void run(benchmark::State& state, bool quantize) {
   fill<<<2048, 256>>>(k, elems, 1);
   const double copy_rate = 2.0 * static_cast<double>(elems) * 2 / copy_s;
   const double bytes = static_cast<double>(elems) * 2 * 2 + static_cast<double>(cache_bytes);
-  cudaEvent_t a, e;
-  cudaEventCreate(&a);
-  cudaEventCreate(&e);
-  for (auto _ : state) {
-    cudaEventRecord(a);
-    const cudaError_t err = quantize ? kvkit::cuda::quantize_pages(b, nullptr)
-                                     : kvkit::cuda::dequantize_pages(b, nullptr);
-    cudaEventRecord(e);
-    cudaEventSynchronize(e);
-    if (err != cudaSuccess) {
-      state.SkipWithError(cudaGetErrorString(err));
-      break;
-    }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, e);
-    state.SetIterationTime(ms * 1e-3);
-  }
+  kvkit_bench::time_launches(state, [&] {
+    return quantize ? kvkit::cuda::quantize_pages(b, nullptr)
+                    : kvkit::cuda::dequantize_pages(b, nullptr);
+  });
   state.counters["bytes/s"] =
       benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["memcpy_TB/s"] = copy_rate / 1e12;
@@ -100,8 +87,6 @@ void run(benchmark::State& state, bool quantize) {
       benchmark::Counter(bytes / copy_rate, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["x_target"] =
       benchmark::Counter(bytes / target_bytes_per_s, benchmark::Counter::kIsIterationInvariantRate);
-  cudaEventDestroy(a);
-  cudaEventDestroy(e);
   cudaFree(k);
   cudaFree(v);
   cudaFree(cache);

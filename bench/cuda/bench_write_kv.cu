@@ -63,23 +63,7 @@ void BM_write_kv(benchmark::State& state) {
   const double copy_s = kvkit_bench::median_seconds(
       [&] { cudaMemcpyAsync(k, v, elems * 2, cudaMemcpyDeviceToDevice); });
   const double copy_rate = 2.0 * static_cast<double>(elems) * 2 / copy_s;
-  cudaEvent_t a, e;
-  cudaEventCreate(&a);
-  cudaEventCreate(&e);
-  (void)kvkit::cuda::write_kv(w, nullptr);
-  for (auto _ : state) {
-    cudaEventRecord(a);
-    const cudaError_t err = kvkit::cuda::write_kv(w, nullptr);
-    cudaEventRecord(e);
-    cudaEventSynchronize(e);
-    if (err != cudaSuccess) {
-      state.SkipWithError(cudaGetErrorString(err));
-      break;
-    }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, e);
-    state.SetIterationTime(ms * 1e-3);
-  }
+  kvkit_bench::time_launches(state, [&] { return kvkit::cuda::write_kv(w, nullptr); });
   const double bytes = 2.0 * static_cast<double>(elems) * 2 +
                        static_cast<double>(capacity) * static_cast<double>(layout.bytes_per_page());
   state.counters["bytes/s"] =
@@ -89,8 +73,6 @@ void BM_write_kv(benchmark::State& state) {
       benchmark::Counter(bytes / copy_rate, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["x_target"] =
       benchmark::Counter(bytes / target, benchmark::Counter::kIsIterationInvariantRate);
-  cudaEventDestroy(a);
-  cudaEventDestroy(e);
   cudaFree(k);
   cudaFree(v);
   cudaFree(cache);

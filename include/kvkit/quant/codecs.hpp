@@ -131,41 +131,35 @@ KVKIT_HOST_DEVICE inline void store_fp16_pair(const scale_zero& p, std::byte* ou
 
 } // namespace detail
 
-//! fp16 passthrough: the value rounded to IEEE binary16 (overflow to infinity).
-struct fp16_codec {
-  using params = detail::no_params;
+namespace detail {
+
+// A 16-bit float stored as is: binary16 or bfloat16, rounded to nearest even.
+template <bool Bfloat16>
+struct float16_passthrough {
+  using params = no_params;
   static constexpr std::int32_t bits = 16;
   static constexpr kv_scaling scaling = kv_scaling::none;
   static constexpr std::int32_t group_size = 0;
   static constexpr std::int32_t param_bytes = 0;
   KVKIT_HOST_DEVICE static params fit(const float* /*xs*/, std::int32_t /*n*/) { return {}; }
   KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& /*p*/) {
-    return float_to_fp16_bits(x);
+    return Bfloat16 ? float_to_bf16_bits(x) : float_to_fp16_bits(x);
   }
   KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& /*p*/) {
-    return fp16_bits_to_float(static_cast<std::uint16_t>(code));
+    const auto bits16 = static_cast<std::uint16_t>(code);
+    return Bfloat16 ? bf16_bits_to_float(bits16) : fp16_bits_to_float(bits16);
   }
   KVKIT_HOST_DEVICE static void store(const params& /*p*/, std::byte* /*out*/) {}
   KVKIT_HOST_DEVICE static params load(const std::byte* /*in*/) { return {}; }
 };
 
+} // namespace detail
+
+//! fp16 passthrough: the value rounded to IEEE binary16 (overflow to infinity).
+struct fp16_codec : detail::float16_passthrough<false> {};
+
 //! bf16 passthrough: the value rounded to bfloat16.
-struct bf16_codec {
-  using params = detail::no_params;
-  static constexpr std::int32_t bits = 16;
-  static constexpr kv_scaling scaling = kv_scaling::none;
-  static constexpr std::int32_t group_size = 0;
-  static constexpr std::int32_t param_bytes = 0;
-  KVKIT_HOST_DEVICE static params fit(const float* /*xs*/, std::int32_t /*n*/) { return {}; }
-  KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& /*p*/) {
-    return float_to_bf16_bits(x);
-  }
-  KVKIT_HOST_DEVICE static float decode(std::uint32_t code, const params& /*p*/) {
-    return bf16_bits_to_float(static_cast<std::uint16_t>(code));
-  }
-  KVKIT_HOST_DEVICE static void store(const params& /*p*/, std::byte* /*out*/) {}
-  KVKIT_HOST_DEVICE static params load(const std::byte* /*in*/) { return {}; }
-};
+struct bf16_codec : detail::float16_passthrough<true> {};
 
 //! fp8 with a static scale per KV head (or one per tensor): stores fp8(x / scale), saturating at
 //! the format's largest finite value; NaN stays NaN. The scale is a calibration result passed to
