@@ -202,11 +202,13 @@ std::vector<request> make_trace(std::uint64_t seed) {
   return trace;
 }
 
-// Serves the trace one request at a time; returns the hit rate over prompt tokens.
+// Serves the trace one request at a time in `kv_tokens` of KV memory; returns the hit rate over
+// prompt tokens.
 template <class Policy>
-double serve(const std::vector<request>& trace, bool partial, bool keep_system, Policy policy) {
+double serve(const std::vector<request>& trace, bool partial, bool keep_system, Policy policy,
+             std::int32_t kv_tokens = 40000) {
   constexpr std::int32_t bs = 16;
-  kvkit::block_pool pool(40000 / bs, policy.num_levels());
+  kvkit::block_pool pool(kv_tokens / bs, policy.num_levels());
   kvkit::block_table<kvkit::block_pool> table(pool, bs);
   kvkit::prefix_cache<kvkit::xxh3_hasher, Policy> cache(pool, bs, {.share_partial_blocks = partial},
                                                         {}, policy);
@@ -216,6 +218,7 @@ double serve(const std::vector<request>& trace, bool partial, bool keep_system, 
     if (!cache.admit(table, s, r.prompt, {}, keep).ok()) {
       continue; // does not fit at all: not counted
     }
+    table.release_copy_sources(); // the admission's copy-on-write copy has run
     auto tokens = r.prompt;
     (void)cache.publish(s, *table.blocks(s), tokens);
     // The answer's tokens are generated and published as blocks fill.
@@ -228,25 +231,11 @@ double serve(const std::vector<request>& trace, bool partial, bool keep_system, 
   return cache.stats().hit_rate();
 }
 
-// The best any cache could do on this trace: every earlier prompt's blocks kept forever (same
-// block-granular rule, last token always computed). Answers are random here, so reuse comes from
-// system prompts and from earlier turns' prompts.
+// The best any cache could do on this trace: every earlier prompt's blocks kept forever (memory
+// for the whole trace; same block-granular rule, last token always computed). Answers are random
+// here, so reuse comes from system prompts and from earlier turns' prompts.
 double ideal_hit_rate(const std::vector<request>& trace) {
-  constexpr std::int32_t bs = 16;
-  kvkit::block_pool pool(4'000'000 / bs);
-  kvkit::block_table<kvkit::block_pool> table(pool, bs);
-  kvkit::prefix_cache<> cache(pool, bs, {.share_partial_blocks = true});
-  kvkit::seq_id s = 0;
-  for (const auto& r : trace) {
-    (void)cache.admit(table, s, r.prompt);
-    auto tokens = r.prompt;
-    (void)table.append_tokens(s, r.answer, {});
-    tokens.resize(tokens.size() + static_cast<std::size_t>(r.answer), 0);
-    (void)cache.finish(s, *table.blocks(s), tokens);
-    (void)table.free(s);
-    ++s;
-  }
-  return cache.stats().hit_rate();
+  return serve(trace, true, false, kvkit::lru{}, 4'000'000);
 }
 
 void BM_prefix_hit_rate_trace(benchmark::State& state) {
