@@ -62,4 +62,17 @@ void time_launches(benchmark::State& state, Launch&& launch) {
   cudaEventDestroy(e);
 }
 
+// Counters of a bandwidth benchmark: effective bytes/s, the same-run memcpy peer (TB/s) and the
+// ratios to it and to `target` bytes/s (rates, so Google Benchmark divides by the time).
+inline void report_bandwidth(benchmark::State& state, double bytes, double peer_rate,
+                             double target) {
+  state.counters["bytes/s"] =
+      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["memcpy_TB/s"] = peer_rate / 1e12;
+  state.counters["x_memcpy"] =
+      benchmark::Counter(bytes / peer_rate, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["x_target"] =
+      benchmark::Counter(bytes / target, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 } // namespace kvkit_bench

@@ -80,13 +80,7 @@ void run(benchmark::State& state, bool quantize) {
     return quantize ? kvkit::cuda::quantize_pages(b, nullptr)
                     : kvkit::cuda::dequantize_pages(b, nullptr);
   });
-  state.counters["bytes/s"] =
-      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["memcpy_TB/s"] = copy_rate / 1e12;
-  state.counters["x_memcpy"] =
-      benchmark::Counter(bytes / copy_rate, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["x_target"] =
-      benchmark::Counter(bytes / target_bytes_per_s, benchmark::Counter::kIsIterationInvariantRate);
+  kvkit_bench::report_bandwidth(state, bytes, copy_rate, target_bytes_per_s);
   cudaFree(k);
   cudaFree(v);
   cudaFree(cache);

@@ -66,13 +66,7 @@ void BM_write_kv(benchmark::State& state) {
   kvkit_bench::time_launches(state, [&] { return kvkit::cuda::write_kv(w, nullptr); });
   const double bytes = 2.0 * static_cast<double>(elems) * 2 +
                        static_cast<double>(capacity) * static_cast<double>(layout.bytes_per_page());
-  state.counters["bytes/s"] =
-      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["memcpy_TB/s"] = copy_rate / 1e12;
-  state.counters["x_memcpy"] =
-      benchmark::Counter(bytes / copy_rate, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["x_target"] =
-      benchmark::Counter(bytes / target, benchmark::Counter::kIsIterationInvariantRate);
+  kvkit_bench::report_bandwidth(state, bytes, copy_rate, target);
   cudaFree(k);
   cudaFree(v);
   cudaFree(cache);

@@ -390,8 +390,7 @@ private:
     if (need > allocator_->num_free() - p.num_evictable - config_.watermark_blocks) {
       return false;
     }
-    match_.resize(static_cast<std::size_t>(blocks_for_tokens(len, bs)));
-    const auto m = cache_->match(id, e.tokens, {}, match_, retention{});
+    const auto m = match_prefix(id, e);
     if (!m) {
       return false;
     }
@@ -400,11 +399,7 @@ private:
         m->num_tokens);
     assert(adopted.ok());
     e.computed = m->num_tokens;
-    e.where = place::running;
-    erase_from(waiting_, id);
-    insert_sorted(running_, id);
-    schedule(id, e, n);
-    budget -= n;
+    start_running(id, e, waiting_, n, budget);
     return true;
   }
 
@@ -417,9 +412,7 @@ private:
     if (n == 0 || need > allocator_->num_free() - config_.watermark_blocks) {
       return false;
     }
-    match_.resize(static_cast<std::size_t>(
-        blocks_for_tokens(static_cast<std::int32_t>(e.tokens.size()), bs)));
-    const auto m = cache_->match(id, e.tokens, {}, match_, retention{});
+    const auto m = match_prefix(id, e);
     if (!m) {
       return false;
     }
@@ -444,12 +437,26 @@ private:
       host_release_.push_back(b); // after the engine has copied them back
     }
     e.host.clear();
+    start_running(id, e, swapped_, n, budget);
+    return true;
+  }
+
+  // The longest cached prefix of a request's tokens, with a reference to each block for the
+  // caller; starts the cache tracking `id`.
+  [[nodiscard]] result<prefix_match> match_prefix(seq_id id, const entry& e) {
+    match_.resize(static_cast<std::size_t>(
+        blocks_for_tokens(static_cast<std::int32_t>(e.tokens.size()), table_->block_size())));
+    return cache_->match(id, e.tokens, {}, match_, retention{});
+  }
+
+  // Moves a request from `from` (waiting or swapped) to running and schedules its first `n` tokens.
+  void start_running(seq_id id, entry& e, std::vector<seq_id>& from, std::int32_t n,
+                     std::int32_t& budget) {
     e.where = place::running;
-    erase_from(swapped_, id);
+    erase_from(from, id);
     insert_sorted(running_, id);
     schedule(id, e, n);
     budget -= n;
-    return true;
   }
 
   void insert_sorted(std::vector<seq_id>& list, seq_id id) {
