@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "kvkit/attention/options.hpp"
 #include "kvkit/block/page_table.hpp"
 #include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/error.hpp"
@@ -19,12 +20,7 @@
 
 namespace kvkit::reference {
 
-//! Options of the attention references (and, later, the kernels).
-struct attention_options {
-  float scale = 0.0F;           //!< logit scale; 0 means 1 / sqrt(head_dim)
-  std::int32_t window = 0;      //!< sliding window: keys at most window-1 positions back; 0: all
-  float logits_soft_cap = 0.0F; //!< cap * tanh(logit / cap) when > 0
-};
+using kvkit::attention_options;
 
 namespace detail {
 

@@ -1,0 +1,164 @@
+#pragma once
+//! The host-side plan of the paged decode kernel: how each sequence's keys are split over thread
+//! blocks (split-KV), and the workspace that the split path needs. Plain C++: an engine plans on
+//! the host, in the same place it builds its page tables, and passes the plan to the launcher.
+//!
+//! ```
+//! auto plan = kvkit::plan_decode(shape, host_seq_lens, sm_count);          // lengths known
+//! auto plan = kvkit::plan_decode_graph_safe(shape, max_seq_len, sm_count); // CUDA graph replay
+//! std::size_t bytes = plan->workspace_bytes();   // cudaMalloc, then zero it once (cudaMemset)
+//! ```
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kvkit/error.hpp"
+
+namespace kvkit {
+
+//! The shape of a decode batch: every sequence has one query token.
+struct decode_shape {
+  std::int32_t batch_size = 0;   //!< sequences (the most a graph-safe plan serves)
+  std::int32_t num_q_heads = 0;  //!< query heads, a multiple of num_kv_heads
+  std::int32_t num_kv_heads = 0; //!< KV heads; num_q_heads / num_kv_heads is the group, 1..16
+  std::int32_t head_dim = 0;     //!< 64, 128 or 256
+  std::int32_t window = 0;       //!< sliding window of the attention (0: none); shortens splits
+
+  [[nodiscard]] constexpr std::int32_t group_size() const {
+    return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
+  }
+  //! bad_argument unless the batch is positive, the group size is 1..16 and divides evenly, and
+  //! head_dim is 64, 128 or 256.
+  [[nodiscard]] constexpr status validate() const noexcept {
+    if (batch_size <= 0 || num_kv_heads <= 0 || num_q_heads <= 0 ||
+        num_q_heads % num_kv_heads != 0 || group_size() > 16 || window < 0 ||
+        (head_dim != 64 && head_dim != 128 && head_dim != 256)) {
+      return errc::bad_argument;
+    }
+    return {};
+  }
+};
+
+//! How a decode launch splits its keys: thread block (split s, KV head h, sequence b) covers keys
+//! [s * chunk_tokens, (s + 1) * chunk_tokens) of the sequence's attended range. With more than
+//! one split per sequence, each block writes a partial result to the workspace and the last block
+//! of each (sequence, KV head) merges them by log-sum-exp, in the same launch.
+struct decode_plan {
+  decode_shape shape;
+  std::int32_t chunk_tokens = 0; //!< keys per split; a multiple of tile_tokens
+  std::int32_t max_splits = 0;   //!< splits per sequence the grid has room for
+  bool graph_safe = false;       //!< planned from a length bound, not from the batch's lengths
+
+  //! Keys a thread block processes per step of its four warps (each warp takes 16).
+  static constexpr std::int32_t tile_tokens = 64;
+
+  //! Bytes of workspace: partial outputs and log-sum-exps (fp32) of every split, and one arrival
+  //! counter per (sequence, KV head). Zero when no sequence is split. The counters must be zero
+  //! before the first launch (cudaMemset once after allocating); each launch leaves them zero.
+  [[nodiscard]] constexpr std::size_t workspace_bytes() const {
+    if (max_splits <= 1) {
+      return 0;
+    }
+    const auto rows = static_cast<std::size_t>(shape.batch_size) *
+                      static_cast<std::size_t>(shape.num_q_heads) *
+                      static_cast<std::size_t>(max_splits);
+    return rows * (static_cast<std::size_t>(shape.head_dim) + 1) * sizeof(float) + counter_bytes();
+  }
+  //! Bytes of the arrival counters, at the start of the workspace.
+  [[nodiscard]] constexpr std::size_t counter_bytes() const {
+    const auto n = static_cast<std::size_t>(shape.batch_size) *
+                   static_cast<std::size_t>(shape.num_kv_heads) * sizeof(std::uint32_t);
+    return (n + 255) / 256 * 256;
+  }
+};
+
+namespace detail {
+
+// Keys a sequence of `len` tokens attends to under `window`.
+[[nodiscard]] constexpr std::int64_t attended(std::int64_t len, std::int32_t window) {
+  return window > 0 ? std::min<std::int64_t>(len, window) : len;
+}
+
+// The smallest chunk (a multiple of the tile) whose thread blocks fit `target`, or the longest
+// sequence's length when even one split per sequence exceeds it.
+template <class Lengths>
+[[nodiscard]] constexpr decode_plan choose_splits(const decode_shape& shape, Lengths&& lengths,
+                                                  std::int64_t max_len, std::int32_t sm_count) {
+  constexpr std::int64_t tile = decode_plan::tile_tokens;
+  // Two resident blocks per multiprocessor; a chunk below two tiles costs more to merge than it
+  // saves.
+  const std::int64_t target = 2LL * std::max(sm_count, 1);
+  const std::int64_t longest = std::max<std::int64_t>((max_len + tile - 1) / tile * tile, tile);
+  std::int64_t chunk = std::min<std::int64_t>(2 * tile, longest);
+  while (chunk < longest) {
+    std::int64_t blocks = 0;
+    lengths([&](std::int64_t len) { blocks += (len + chunk - 1) / chunk; });
+    if (blocks * shape.num_kv_heads <= target) {
+      break;
+    }
+    chunk += std::max<std::int64_t>(tile, chunk / 8 / tile * tile);
+  }
+  chunk = std::min(chunk, longest);
+  decode_plan plan;
+  plan.shape = shape;
+  plan.chunk_tokens = static_cast<std::int32_t>(chunk);
+  plan.max_splits =
+      static_cast<std::int32_t>((std::max<std::int64_t>(max_len, 1) + chunk - 1) / chunk);
+  return plan;
+}
+
+} // namespace detail
+
+//! A plan for the batch whose sequence lengths (cached tokens, the new one included) are
+//! `seq_lens` (host memory, shape.batch_size entries), for a GPU of `sm_count` multiprocessors
+//! (cudaDevAttrMultiProcessorCount). bad_argument on a bad shape, a length count that is not the
+//! batch size, or a length below 1.
+[[nodiscard]] inline result<decode_plan> plan_decode(const decode_shape& shape,
+                                                     std::span<const std::int32_t> seq_lens,
+                                                     std::int32_t sm_count) {
+  if (!shape.validate().ok() || seq_lens.size() != static_cast<std::size_t>(shape.batch_size) ||
+      sm_count <= 0) {
+    return errc::bad_argument;
+  }
+  std::int64_t max_len = 0;
+  for (const std::int32_t len : seq_lens) {
+    if (len < 1) {
+      return errc::bad_argument;
+    }
+    max_len = std::max(max_len, detail::attended(len, shape.window));
+  }
+  return detail::choose_splits(
+      shape,
+      [&](auto&& f) {
+        for (const std::int32_t len : seq_lens) {
+          f(detail::attended(len, shape.window));
+        }
+      },
+      max_len, sm_count);
+}
+
+//! A plan that stays valid for any batch of at most shape.batch_size sequences, so launches with
+//! it can be captured in a CUDA graph and replayed while the lengths change. It splits as if every
+//! sequence had `max_seq_len` tokens; a longer sequence still decodes correctly (its blocks take
+//! longer chunks). bad_argument on a bad shape or a bound below 1.
+[[nodiscard]] inline result<decode_plan>
+plan_decode_graph_safe(const decode_shape& shape, std::int32_t max_seq_len, std::int32_t sm_count) {
+  if (!shape.validate().ok() || max_seq_len < 1 || sm_count <= 0) {
+    return errc::bad_argument;
+  }
+  const std::int64_t len = detail::attended(max_seq_len, shape.window);
+  decode_plan plan = detail::choose_splits(
+      shape,
+      [&](auto&& f) {
+        for (std::int32_t b = 0; b < shape.batch_size; ++b) {
+          f(len);
+        }
+      },
+      len, sm_count);
+  plan.graph_safe = true;
+  return plan;
+}
+
+} // namespace kvkit

@@ -1,0 +1,965 @@
+#pragma once
+//! paged_decode: attention of one query token per sequence over its paged K/V cache, for every
+//! per-token codec (fp16, bf16, fp8, int8, int4 groups) with dequantization fused into the loads,
+//! GQA/MQA groups of 1 to 16 query heads per KV head, head dims 64/128/256, split-KV with an
+//! in-launch log-sum-exp merge, optional LSE output, sliding window and logit soft cap.
+//!
+//! How it works (docs/kernels.md has the long form): a thread block takes one (sequence, KV
+//! head, split) and its four warps take 16-key tiles in turn. Each thread copies the bytes it will
+//! use itself into a private slice of shared memory (`cp.async`, several tiles ahead), so no block
+//! barrier is needed in the loop. The group's query heads are the N dimension of tensor-core MMAs
+//! (m16n8k16, fp32 accumulation): S^T = K Q^T with keys as M, then O^T = V^T P^T with channels as
+//! M, P^T moved into place with `movmatrix`. Each thread holds whole runs of channels of a key, so
+//! codes are dequantized from 16-byte loads straight into MMA operands; K and Q share a channel
+//! permutation, and V's channel permutation is undone when the output is written.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kvkit/attention/decode_plan.hpp"
+#include "kvkit/attention/options.hpp"
+#include "kvkit/block/page_table.hpp"
+#include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/error.hpp"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/quant/codecs.hpp"
+
+namespace kvkit::cuda {
+
+//! Query and output element types of paged_decode.
+template <class T>
+concept query_element = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+//! One decode step of one layer. All pointers are device pointers.
+template <class Layout, query_element T>
+struct decode_args {
+  Layout layout;                    //!< page geometry and codecs
+  const std::byte* cache = nullptr; //!< [capacity][layout.bytes_per_page()], 16-byte aligned
+  std::int32_t capacity = 0;        //!< pages in `cache`
+  csr_page_table table;             //!< the batch's pages (block_table::export_csr), on the device
+  const T* q = nullptr;             //!< [batch][num_q_heads][head_dim]
+  T* out = nullptr;                 //!< [batch][num_q_heads][head_dim]
+  float* lse = nullptr;             //!< optional [batch][num_q_heads], natural log
+  const float* static_scales = nullptr; //!< [2][kv_heads]: K's then V's (fp8 codecs)
+  attention_options options;            //!< scale, sliding window, soft cap
+  //! Debug mode when set: every page id is checked against [0, capacity); a bad one sets
+  //! *page_check to 1 and its keys read as zeros instead of reading outside the cache.
+  std::int32_t* page_check = nullptr;
+};
+
+namespace detail {
+
+template <class C>
+inline constexpr bool decode_codec =
+    C::scaling == kv_scaling::none || C::scaling == kv_scaling::static_per_head ||
+    C::scaling == kv_scaling::per_token_head || C::scaling == kv_scaling::per_token_group;
+
+} // namespace detail
+
+//! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim), the
+//! codecs are per-token ones (a per-page-channel codec is rejected), the page table's page size
+//! is the layout's, the batch fits the plan (equals it unless the plan is graph-safe), the pointers
+//! are set (fp8 scales included, finite and positive), options are in range, and the workspace
+//! holds plan.workspace_bytes() 16-byte-aligned bytes. The sequences' lengths are not checked on
+//! the host: every sequence must hold at least one token (the reference rejects empty ones).
+template <class Layout, query_element T>
+[[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
+                              const void* workspace, std::size_t workspace_bytes) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  const decode_shape& s = plan.shape;
+  if (!s.validate().ok() || !a.layout.validate().ok() ||
+      a.layout.num_kv_heads() != s.num_kv_heads || a.layout.head_dim() != s.head_dim ||
+      !detail::decode_codec<K> || !detail::decode_codec<V> ||
+      a.table.page_size != a.layout.page_size() || a.table.batch_size < 0 ||
+      a.table.batch_size > s.batch_size ||
+      (!plan.graph_safe && a.table.batch_size != s.batch_size)) {
+    return errc::bad_argument;
+  }
+  if (plan.chunk_tokens <= 0 || plan.chunk_tokens % decode_plan::tile_tokens != 0 ||
+      plan.max_splits <= 0 || plan.max_splits > 65535 || s.num_kv_heads > 65535 ||
+      s.batch_size > 65535) {
+    return errc::bad_argument;
+  }
+  const attention_options& o = a.options;
+  if (!(o.scale >= 0.0F) || !std::isfinite(o.scale) || o.window < 0 || o.window != s.window ||
+      !(o.logits_soft_cap >= 0.0F) || !std::isfinite(o.logits_soft_cap)) {
+    return errc::bad_argument;
+  }
+  if (a.cache == nullptr || reinterpret_cast<std::uintptr_t>(a.cache) % 16 != 0 ||
+      a.capacity <= 0 || a.q == nullptr || a.out == nullptr || a.table.indptr == nullptr ||
+      a.table.indices == nullptr || a.table.last_page_len == nullptr) {
+    return errc::bad_argument;
+  }
+  constexpr bool needs_scales =
+      K::scaling == kv_scaling::static_per_head || V::scaling == kv_scaling::static_per_head;
+  if (needs_scales && a.static_scales == nullptr) {
+    return errc::bad_argument;
+  }
+  if (plan.workspace_bytes() > 0 &&
+      (workspace == nullptr || workspace_bytes < plan.workspace_bytes() ||
+       reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0)) {
+    return errc::bad_argument;
+  }
+  return {};
+}
+
+namespace detail {
+
+// n / d and n % d for n < 2^31 with a multiply and a shift (division by an invariant integer).
+struct fast_divmod {
+  std::uint32_t divisor = 1;
+  std::uint32_t multiplier = 1;
+  std::uint32_t shift = 0;
+
+  static fast_divmod make(std::uint32_t d) {
+    fast_divmod f;
+    f.divisor = d;
+    while ((1ULL << f.shift) < d) {
+      ++f.shift;
+    }
+    f.multiplier = static_cast<std::uint32_t>(((1ULL << 32) * ((1ULL << f.shift) - d)) / d + 1);
+    return f;
+  }
+  __device__ void divmod(std::uint32_t n, std::uint32_t& q, std::uint32_t& r) const {
+    q = (__umulhi(n, multiplier) + n) >> shift;
+    r = n - q * divisor;
+  }
+};
+
+template <class Layout, class T>
+struct decode_params {
+  Layout layout;
+  const std::byte* cache;
+  std::int64_t page_bytes;
+  csr_page_table table;
+  const T* q;
+  T* out;
+  float* lse;
+  const float* static_scales;
+  std::int32_t* page_check;
+  std::int32_t capacity;
+  std::int32_t group;
+  std::int32_t num_q_heads;
+  float scale;
+  float soft_cap;
+  std::int32_t window;
+  std::int32_t chunk;
+  fast_divmod page_div;
+  std::uint32_t* counters;
+  float* part_o;
+  float* part_lse;
+  std::int32_t max_splits;
+};
+
+// ---- device building blocks -------------------------------------------------------------------
+
+template <class E>
+__device__ inline void mma16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ inline std::uint32_t transpose8x8(std::uint32_t x) {
+  std::uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ inline float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ inline float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int Bytes>
+__device__ inline void cp_async(void* smem, const void* global, bool valid) {
+  const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  const int n = valid ? Bytes : 0; // 0: the destination is zero-filled, nothing is read
+  if constexpr (Bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global), "r"(n)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(global),
+                 "n"(Bytes), "r"(n)
+                 : "memory");
+  }
+}
+__device__ inline void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int Pending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+// Reads `Bytes` (4, 8 or 16) from shared memory into consecutive words.
+template <int Bytes>
+__device__ inline void lds(const void* smem, std::uint32_t* w) {
+  if constexpr (Bytes == 16) {
+    const uint4 v = *static_cast<const uint4*>(smem);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (Bytes == 8) {
+    const uint2 v = *static_cast<const uint2*>(smem);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = *static_cast<const std::uint32_t*>(smem);
+  }
+}
+
+__device__ inline std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
+  return __byte_perm(a, b, sel);
+}
+
+template <class E>
+__device__ inline std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+}
+
+template <class T>
+__device__ inline float load_float(const T* p) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(*p);
+  } else {
+    return __bfloat162float(*p);
+  }
+}
+
+template <class T>
+__device__ inline T store_value(float x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(x);
+  } else {
+    return __float2bfloat16_rn(x);
+  }
+}
+
+__device__ inline std::uint32_t hsub2(std::uint32_t a, std::uint32_t b) {
+  __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const std::uint32_t*>(&r);
+}
+__device__ inline std::uint32_t hfma2(std::uint32_t a, std::uint32_t b, std::uint32_t c) {
+  __half2 r = __hfma2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b),
+                      *reinterpret_cast<const __half2*>(&c));
+  return *reinterpret_cast<const std::uint32_t*>(&r);
+}
+
+// Two fp8 codes (bytes 2*Hi, 2*Hi+1 of x) as an f16 pair, exactly.
+template <fp8_format F, int Hi>
+__device__ inline std::uint32_t fp8_pair_to_f16x2(std::uint32_t x) {
+  if constexpr (F == fp8_format::e5m2) {
+    return prmt(x, 0U, Hi == 0 ? 0x1404U : 0x3424U); // e5m2 is the top byte of an fp16
+  } else {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(Hi == 0 ? (x & 0xFFFFU) : (x >> 16)), __NV_E4M3);
+    return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
+  }
+}
+
+// Signed bytes 2*Hi, 2*Hi+1 of x (each biased by 128 beforehand) as an exact f16 pair.
+template <int Hi>
+__device__ inline std::uint32_t int8_pair_to_f16x2(std::uint32_t biased) {
+  constexpr std::uint32_t f16_1152 = 0x64806480U; // 1024 + 128 in both halves
+  return hsub2(prmt(biased, 0x64646464U, Hi == 0 ? 0x4140U : 0x4342U), f16_1152);
+}
+
+// Nibbles Q and Q+4 of the low 16 bits and of the high 16 bits of x... as codes in an f16 pair:
+// (x >> 4Q) & 0x000F000F, exactly.
+template <int Shift>
+__device__ inline std::uint32_t int4_pair_to_f16x2(std::uint32_t x) {
+  constexpr std::uint32_t f16_1024 = 0x64006400U;
+  return hsub2(((x >> Shift) & 0x000F000FU) | f16_1024, f16_1024);
+}
+
+// ---- how each codec's codes become MMA operands -----------------------------------------------
+//
+// K: a thread holds D/4 consecutive channels of a key; operand slot p (an element pair) covers
+//    the relative channels k_channel(p, 0) and k_channel(p, 1); k-step s uses slots 2s and 2s+1.
+// V: a thread holds D/8 consecutive channels of four keys; m-tile j's rows g and g+8 are the
+//    relative channels v_channel(j, 0) and v_channel(j, 1).
+template <class C, int D>
+struct frag {
+  static constexpr int bits = C::bits;
+  static constexpr bool per_token = C::scaling == kv_scaling::per_token_head;
+  static constexpr bool grouped = C::scaling == kv_scaling::per_token_group;
+  static constexpr bool static_scale = C::scaling == kv_scaling::static_per_head;
+  using mma_t = std::conditional_t<std::is_same_v<C, bf16_codec>, __nv_bfloat16, __half>;
+
+  static constexpr int k_bytes = D / 4 * bits / 8;
+  static constexpr int k_words = k_bytes / 4;
+  static constexpr int v_bytes = D / 8 * bits / 8;
+  static constexpr int v_words = v_bytes / 4;
+  static constexpr int group = grouped ? C::group_size : 1;
+  // Parameter words a thread reads per K key (int8: its scale; int4: one per group it touches).
+  static constexpr int k_param_words =
+      per_token ? 1 : (grouped ? (D / 4 > group ? D / 4 / group : 1) : 0);
+  static constexpr int v_param_words = (per_token || grouped) ? 1 : 0;
+
+  static constexpr int k_channel(int p, int half) {
+    return bits == 4 ? 8 * (p / 4) + p % 4 + 4 * half : 2 * p + half;
+  }
+  static constexpr int v_channel(int j, int half) {
+    if constexpr (bits == 16) {
+      return 2 * j + half;
+    } else if constexpr (bits == 8) {
+      return 4 * (j / 2) + 2 * (j % 2) + half;
+    } else {
+      return 8 * (j / 4) + j % 4 + 4 * half;
+    }
+  }
+
+  // K operand words of k-step S (slots 2S, 2S+1) of one key.
+  template <int S>
+  __device__ static void k_operand(const std::uint32_t (&w)[k_words], const std::uint32_t* params,
+                                   std::uint32_t& lo, std::uint32_t& hi) {
+    if constexpr (bits == 16) {
+      lo = w[2 * S];
+      hi = w[2 * S + 1];
+    } else if constexpr (bits == 8 && static_scale) {
+      lo = fp8_pair_to_f16x2<C::format, 0>(w[S]);
+      hi = fp8_pair_to_f16x2<C::format, 1>(w[S]);
+    } else if constexpr (bits == 8) {
+      const std::uint32_t biased = w[S] ^ 0x80808080U;
+      lo = int8_pair_to_f16x2<0>(biased);
+      hi = int8_pair_to_f16x2<1>(biased);
+    } else {
+      // Slots 2S and 2S+1 are nibble pairs q = 2(S%2) and q+1 of word S/2.
+      constexpr int word = S / 2;
+      constexpr int q = 2 * (S % 2);
+      const std::uint32_t pw = params[(8 * word) / group];
+      const std::uint32_t s2 = prmt(pw, pw, 0x1010U);
+      const std::uint32_t z2 = prmt(pw, pw, 0x3232U);
+      lo = hfma2(int4_pair_to_f16x2<4 * q>(w[word]), s2, z2);
+      hi = hfma2(int4_pair_to_f16x2<4 * q + 4>(w[word]), s2, z2);
+    }
+  }
+
+  // V operand words of m-tile J from keys t0, t1 (their words and parameter words): the pair
+  // over the two keys of channel v_channel(J, 0) (`a`) and of v_channel(J, 1) (`b`).
+  template <int J>
+  __device__ static void v_operand(const std::uint32_t (&w0)[v_words],
+                                   const std::uint32_t (&w1)[v_words], std::uint32_t p0,
+                                   std::uint32_t p1, std::uint32_t& a, std::uint32_t& b) {
+    if constexpr (bits == 16) {
+      a = prmt(w0[J], w1[J], 0x5410U);
+      b = prmt(w0[J], w1[J], 0x7632U);
+    } else if constexpr (bits == 8) {
+      const std::uint32_t x = prmt(w0[J / 2], w1[J / 2], J % 2 == 0 ? 0x5140U : 0x7362U);
+      if constexpr (static_scale) {
+        a = fp8_pair_to_f16x2<C::format, 0>(x);
+        b = fp8_pair_to_f16x2<C::format, 1>(x);
+      } else {
+        const std::uint32_t biased = x ^ 0x80808080U;
+        a = int8_pair_to_f16x2<0>(biased);
+        b = int8_pair_to_f16x2<1>(biased);
+      }
+    } else {
+      // Low 16 bits: key t0's nibbles 0-3 (or 4-7); high 16 bits: key t1's.
+      const std::uint32_t x = prmt(w0[J / 4], w1[J / 4], 0x5410U); // bytes 0,1 of each
+      const std::uint32_t y = prmt(w0[J / 4], w1[J / 4], 0x7632U); // bytes 2,3 of each
+      const std::uint32_t s2 = prmt(p0, p1, 0x5410U);
+      const std::uint32_t z2 = prmt(p0, p1, 0x7632U);
+      // Channel 8(J/4) + J%4 is nibble J%4 of bytes 0,1; channel +4 is nibble J%4 of bytes 2,3.
+      a = hfma2(int4_pair_to_f16x2<4 * (J % 4)>(x), s2, z2);
+      b = hfma2(int4_pair_to_f16x2<4 * (J % 4)>(y), s2, z2);
+    }
+  }
+};
+
+// Bytes per warp of one pipeline stage, and the layout of a stage: each section holds items of
+// one size, lane-interleaved ([item][lane][bytes]) so that a warp's shared-memory reads are
+// conflict-free.
+template <class K, class V, int D>
+struct stage_layout {
+  using kf = frag<K, D>;
+  using vf = frag<V, D>;
+  static constexpr int k_item = kf::k_bytes < 16 ? kf::k_bytes : 16;
+  static constexpr int k_items = kf::k_bytes / k_item; // per key
+  static constexpr int v_item = vf::v_bytes < 16 ? vf::v_bytes : 16;
+  static constexpr int v_items = vf::v_bytes / v_item;
+  // V parameter keys: int8 scales follow the P rows (keys g, g+8); int4 groups the V keys.
+  static constexpr int v_param_keys = vf::per_token ? 2 : 4;
+
+  static constexpr int k_off = 0;
+  static constexpr int v_off = k_off + 2 * k_items * 32 * k_item;
+  static constexpr int kp_off = v_off + 4 * v_items * 32 * v_item;
+  static constexpr int vp_off = kp_off + 2 * kf::k_param_words * 32 * 4;
+  static constexpr int bytes = (vp_off + v_param_keys * vf::v_param_words * 32 * 4 + 15) / 16 * 16;
+  static constexpr int stages = (24576 / bytes) < 2 ? 2 : ((24576 / bytes) > 8 ? 8 : 24576 / bytes);
+};
+
+inline constexpr int decode_warps = 4;
+
+template <class K, class V, int D, int NT>
+constexpr int decode_smem_bytes() {
+  using sl = stage_layout<K, V, D>;
+  constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
+  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4;
+  return pipeline > merge ? pipeline : merge;
+}
+
+template <class Layout, class T, int D, int NT>
+__global__ void __launch_bounds__(decode_warps * 32, 2)
+    paged_decode_kernel(const decode_params<Layout, T> p) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  using kf = frag<K, D>;
+  using vf = frag<V, D>;
+  using sl = stage_layout<K, V, D>;
+  using kmma = typename kf::mma_t;
+  using vmma = typename vf::mma_t;
+  constexpr int stages = sl::stages;
+  constexpr int ksteps = D / 16;
+  constexpr float log2e = 1.4426950408889634F;
+  extern __shared__ uint4 smem_raw[];
+  __shared__ int last_block;
+
+  const int split = static_cast<int>(blockIdx.x);
+  const int h = static_cast<int>(blockIdx.y);
+  const int b = static_cast<int>(blockIdx.z);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4;
+  const int i = lane % 4;
+  if (b >= p.table.batch_size) {
+    return;
+  }
+  const Layout& layout = p.layout;
+  const std::int32_t first_page = p.table.indptr[b];
+  const std::int32_t npages = p.table.indptr[b + 1] - first_page;
+  const std::int32_t len =
+      npages <= 0 ? 0 : (npages - 1) * layout.page_size() + p.table.last_page_len[b];
+  if (len <= 0) {
+    return; // not a valid decode input (validate documents it); nothing to attend to
+  }
+  const std::int32_t lo = p.window > 0 && len > p.window ? len - p.window : 0;
+  const std::int32_t n = len - lo;
+  std::int32_t chunk = p.chunk;
+  {
+    const std::int32_t grid_splits = static_cast<std::int32_t>(gridDim.x);
+    const std::int32_t need = (n + grid_splits - 1) / grid_splits;
+    const std::int32_t need_tiles =
+        (need + decode_plan::tile_tokens - 1) / decode_plan::tile_tokens * decode_plan::tile_tokens;
+    chunk = need_tiles > chunk ? need_tiles : chunk;
+  }
+  const std::int32_t nsplit = (n + chunk - 1) / chunk;
+  if (split >= nsplit) {
+    return;
+  }
+  const std::int32_t c0 = lo + split * chunk;
+  const std::int32_t c1 = c0 + chunk < len ? c0 + chunk : len;
+  const std::int32_t ntiles = (c1 - c0 + 15) / 16;
+  const std::int32_t my_tiles =
+      ntiles > warp ? (ntiles - warp + decode_warps - 1) / decode_warps : 0;
+
+  // Queries of the group, as K-side operands: head tile nt, row g, slots of this thread's channels.
+  std::uint32_t qf[NT][D / 8];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int head = nt * 8 + g;
+    const T* qrow =
+        p.q + (static_cast<std::int64_t>(b) * p.num_q_heads + h * p.group + head) * D + (D / 4) * i;
+#pragma unroll
+    for (int s = 0; s < D / 8; ++s) {
+      qf[nt][s] = head < p.group ? pack2<kmma>(load_float(qrow + kf::k_channel(s, 0)),
+                                               load_float(qrow + kf::k_channel(s, 1)))
+                                 : 0U;
+    }
+  }
+
+  float k_static = 1.0F;
+  float v_static = 1.0F;
+  if constexpr (kf::static_scale) {
+    k_static = p.static_scales[h];
+  }
+  if constexpr (vf::static_scale) {
+    v_static = p.static_scales[layout.num_kv_heads() + h];
+  }
+  const float logit_scale = p.scale * k_static;
+  const bool capped = p.soft_cap > 0.0F;
+  const float inv_cap = capped ? 1.0F / p.soft_cap : 0.0F;
+
+  char* const warp_smem =
+      reinterpret_cast<char*>(smem_raw) + static_cast<std::size_t>(warp) * stages * sl::bytes;
+
+  // Page and slot of this lane's key (lane % 16) of the warp's tile t; page -1 when outside.
+  const auto locate = [&](std::int32_t t, std::int32_t& page, std::int32_t& slot) {
+    const std::int32_t tok = c0 + (warp + decode_warps * t) * 16 + (lane & 15);
+    page = -1;
+    slot = 0;
+    if (t < my_tiles && tok < c1) {
+      std::uint32_t pi = 0;
+      std::uint32_t off = 0;
+      p.page_div.divmod(static_cast<std::uint32_t>(tok), pi, off);
+      page = __ldg(p.table.indices + first_page + static_cast<std::int32_t>(pi));
+      slot = static_cast<std::int32_t>(off);
+      if (p.page_check != nullptr && (page < 0 || page >= p.capacity)) {
+        atomicExch(p.page_check, 1);
+        page = -1;
+      }
+    }
+  };
+
+  // Copies of the warp's tile (located by `page`/`slot` of lanes 0..15) into stage `st`.
+  const auto issue = [&](int st, std::int32_t page, std::int32_t slot) {
+    char* const base = warp_smem + st * sl::bytes;
+#pragma unroll
+    for (int tk = 0; tk < 2; ++tk) {
+      const int key = g + 8 * tk;
+      const std::int32_t pg = __shfl_sync(0xFFFFFFFFU, page, key);
+      const std::int32_t sp = __shfl_sync(0xFFFFFFFFU, slot, key);
+      const bool valid = pg >= 0;
+      const std::byte* const pb =
+          p.cache + static_cast<std::int64_t>(valid ? pg : 0) * p.page_bytes;
+      const std::byte* const src =
+          pb + layout.k_data_offset() + layout.element_index(sp, h, (D / 4) * i) * kf::bits / 8;
+#pragma unroll
+      for (int it = 0; it < sl::k_items; ++it) {
+        cp_async<sl::k_item>(base + sl::k_off + ((tk * sl::k_items + it) * 32 + lane) * sl::k_item,
+                             src + it * sl::k_item, valid);
+      }
+      if constexpr (kf::k_param_words > 0) {
+        const std::byte* const ps =
+            pb + layout.k_param_offset() +
+            layout.template param_index<K>(sp, h, (D / 4) * i) * K::param_bytes;
+#pragma unroll
+        for (int w = 0; w < kf::k_param_words; ++w) {
+          cp_async<4>(base + sl::kp_off + ((tk * kf::k_param_words + w) * 32 + lane) * 4,
+                      ps + 4 * w, valid);
+        }
+      }
+      if constexpr (vf::per_token) {
+        const std::byte* const ps = pb + layout.v_param_offset() +
+                                    layout.template param_index<V>(sp, h, 0) * V::param_bytes;
+        cp_async<4>(base + sl::vp_off + (tk * 32 + lane) * 4, ps, valid);
+      }
+    }
+#pragma unroll
+    for (int tv = 0; tv < 4; ++tv) {
+      const int key = 2 * i + (tv & 1) + 8 * (tv >> 1);
+      const std::int32_t pg = __shfl_sync(0xFFFFFFFFU, page, key);
+      const std::int32_t sp = __shfl_sync(0xFFFFFFFFU, slot, key);
+      const bool valid = pg >= 0;
+      const std::byte* const pb =
+          p.cache + static_cast<std::int64_t>(valid ? pg : 0) * p.page_bytes;
+      const std::byte* const src =
+          pb + layout.v_data_offset() + layout.element_index(sp, h, (D / 8) * g) * vf::bits / 8;
+#pragma unroll
+      for (int it = 0; it < sl::v_items; ++it) {
+        cp_async<sl::v_item>(base + sl::v_off + ((tv * sl::v_items + it) * 32 + lane) * sl::v_item,
+                             src + it * sl::v_item, valid);
+      }
+      if constexpr (vf::grouped) {
+        const std::byte* const ps =
+            pb + layout.v_param_offset() +
+            layout.template param_index<V>(sp, h, (D / 8) * g) * V::param_bytes;
+        cp_async<4>(base + sl::vp_off + (tv * 32 + lane) * 4, ps, valid);
+      }
+    }
+  };
+
+  // Prologue: the first stages-1 tiles in flight, the next tile's pages located.
+#pragma unroll
+  for (int t = 0; t < stages - 1; ++t) {
+    std::int32_t pg = 0;
+    std::int32_t sp = 0;
+    locate(t, pg, sp);
+    if (t < my_tiles) {
+      issue(t, pg, sp);
+    }
+    cp_async_commit();
+  }
+  std::int32_t next_page = 0;
+  std::int32_t next_slot = 0;
+  locate(stages - 1, next_page, next_slot);
+
+  float o[NT][ksteps][4];
+  float m[NT][2];
+  float l[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int j = 0; j < ksteps; ++j) {
+      o[nt][j][0] = o[nt][j][1] = o[nt][j][2] = o[nt][j][3] = 0.0F;
+    }
+    m[nt][0] = m[nt][1] = -INFINITY;
+    l[nt][0] = l[nt][1] = 0.0F;
+  }
+
+  int read_stage = 0;
+  int write_stage = stages - 1;
+  for (std::int32_t t = 0; t < my_tiles; ++t) {
+    cp_async_wait<stages - 2>();
+    const char* const st = warp_smem + read_stage * sl::bytes;
+    std::uint32_t kw[2][kf::k_words];
+    std::uint32_t vw[4][vf::v_words];
+    std::uint32_t kp[2][kf::k_param_words > 0 ? kf::k_param_words : 1];
+    std::uint32_t vp[4];
+#pragma unroll
+    for (int tk = 0; tk < 2; ++tk) {
+#pragma unroll
+      for (int it = 0; it < sl::k_items; ++it) {
+        lds<sl::k_item>(st + sl::k_off + ((tk * sl::k_items + it) * 32 + lane) * sl::k_item,
+                        &kw[tk][it * sl::k_item / 4]);
+      }
+#pragma unroll
+      for (int w = 0; w < kf::k_param_words; ++w) {
+        lds<4>(st + sl::kp_off + ((tk * kf::k_param_words + w) * 32 + lane) * 4, &kp[tk][w]);
+      }
+    }
+#pragma unroll
+    for (int tv = 0; tv < 4; ++tv) {
+#pragma unroll
+      for (int it = 0; it < sl::v_items; ++it) {
+        lds<sl::v_item>(st + sl::v_off + ((tv * sl::v_items + it) * 32 + lane) * sl::v_item,
+                        &vw[tv][it * sl::v_item / 4]);
+      }
+      vp[tv] = 0;
+    }
+#pragma unroll
+    for (int w = 0; w < sl::v_param_keys * vf::v_param_words; ++w) {
+      lds<4>(st + sl::vp_off + (w * 32 + lane) * 4, &vp[w]);
+    }
+
+    // The tile after the ones in flight goes out before this one's arithmetic.
+    if (t + stages - 1 < my_tiles) {
+      issue(write_stage, next_page, next_slot);
+    }
+    cp_async_commit();
+    locate(t + stages, next_page, next_slot);
+    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+
+    // S^T = K Q^T: rows are keys g and g+8, columns the heads 2i, 2i+1 of each head tile.
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0F;
+    }
+    [&]<int... S>(std::integer_sequence<int, S...>) {
+      (
+          [&] {
+            std::uint32_t a0, a1, a2, a3;
+            kf::template k_operand<S>(kw[0], kp[0], a0, a2);
+            kf::template k_operand<S>(kw[1], kp[1], a1, a3);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              mma16816<kmma>(s[nt], a0, a1, a2, a3, qf[nt][2 * S], qf[nt][2 * S + 1]);
+            }
+          }(),
+          ...);
+    }
+    (std::make_integer_sequence<int, ksteps>{});
+
+    const std::int32_t tile_start = c0 + (warp + decode_warps * t) * 16;
+    float key_scale[2];
+#pragma unroll
+    for (int tk = 0; tk < 2; ++tk) {
+      key_scale[tk] = logit_scale;
+      if constexpr (kf::per_token) {
+        key_scale[tk] *= __uint_as_float(kp[tk][0]);
+      }
+      if (tile_start + g + 8 * tk >= c1) {
+        key_scale[tk] = NAN; // marks a key past the range
+      }
+    }
+    std::uint32_t pb[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float x[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float ks = key_scale[e / 2];
+        float y = s[nt][e] * ks;
+        if (capped) {
+          y = p.soft_cap * fast_tanh(y * inv_cap);
+        }
+        x[e] = ks == ks ? y * log2e : -INFINITY;
+      }
+      float pr[4];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float tmax = fmaxf(x[c], x[c + 2]);
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFU, tmax, 4));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFU, tmax, 8));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFU, tmax, 16));
+        const float m_new = fmaxf(m[nt][c], tmax);
+        const float m_use = m_new == -INFINITY ? 0.0F : m_new;
+        const float corr = fast_exp2(m[nt][c] - m_use);
+        m[nt][c] = m_new;
+        pr[c] = fast_exp2(x[c] - m_use);
+        pr[c + 2] = fast_exp2(x[c + 2] - m_use);
+        l[nt][c] = l[nt][c] * corr + pr[c] + pr[c + 2];
+#pragma unroll
+        for (int j = 0; j < ksteps; ++j) {
+          o[nt][j][c] *= corr;
+          o[nt][j][c + 2] *= corr;
+        }
+      }
+      if constexpr (vf::per_token) {
+        const float sv0 = __uint_as_float(vp[0]);
+        const float sv1 = __uint_as_float(vp[1]);
+        pr[0] *= sv0, pr[1] *= sv0, pr[2] *= sv1, pr[3] *= sv1;
+      }
+      pb[nt][0] = transpose8x8(pack2<vmma>(pr[0], pr[1]));
+      pb[nt][1] = transpose8x8(pack2<vmma>(pr[2], pr[3]));
+    }
+
+    // O^T += V^T P^T: rows are this thread's channels, columns the heads.
+    [&]<int... J>(std::integer_sequence<int, J...>) {
+      (
+          [&] {
+            std::uint32_t a0, a1, a2, a3;
+            vf::template v_operand<J>(vw[0], vw[1], vp[0], vp[1], a0, a1);
+            vf::template v_operand<J>(vw[2], vw[3], vp[2], vp[3], a2, a3);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              mma16816<vmma>(o[nt][J], a0, a1, a2, a3, pb[nt][0], pb[nt][1]);
+            }
+          }(),
+          ...);
+    }
+    (std::make_integer_sequence<int, ksteps>{});
+  }
+  cp_async_wait<0>();
+
+  // Row sums over the keys of the warp, then the block's warps merged through shared memory.
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      l[nt][c] += __shfl_xor_sync(0xFFFFFFFFU, l[nt][c], 4);
+      l[nt][c] += __shfl_xor_sync(0xFFFFFFFFU, l[nt][c], 8);
+      l[nt][c] += __shfl_xor_sync(0xFFFFFFFFU, l[nt][c], 16);
+    }
+  }
+  __syncthreads(); // every warp is done with its pipeline buffers
+  constexpr int rows = NT * 8;
+  float* const red = reinterpret_cast<float*>(smem_raw);
+  float* const red_m = red;                         // [warp][rows]
+  float* const red_l = red_m + decode_warps * rows; // [warp][rows]
+  float* const red_o = red_l + decode_warps * rows; // [warp][rows][D]
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int row = nt * 8 + 2 * i + c;
+      if (g == 0) {
+        red_m[warp * rows + row] = m[nt][c];
+        red_l[warp * rows + row] = l[nt][c];
+      }
+#pragma unroll
+      for (int j = 0; j < ksteps; ++j) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int ch = (D / 8) * g + vf::v_channel(j, half);
+          red_o[(warp * rows + row) * D + ch] = o[nt][j][c + 2 * half];
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  const std::int32_t q_head0 = h * p.group;
+  const std::int64_t row0 = static_cast<std::int64_t>(b) * p.num_q_heads + q_head0;
+  constexpr float ln2 = 0.6931471805599453F;
+  for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
+    const int row = e / D;
+    const int ch = e % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < decode_warps; ++w) {
+      mx = fmaxf(mx, red_m[w * rows + row]);
+    }
+    float sum = 0.0F;
+    float acc = 0.0F;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < decode_warps; ++w) {
+        const float wt = fast_exp2(red_m[w * rows + row] - mx);
+        sum += wt * red_l[w * rows + row];
+        acc += wt * red_o[(w * rows + row) * D + ch];
+      }
+    }
+    const float val = sum > 0.0F ? acc / sum : 0.0F;
+    const float lse2 = sum > 0.0F ? mx + __log2f(sum) : -INFINITY;
+    if (nsplit == 1) {
+      p.out[(row0 + row) * D + ch] = store_value<T>(val * v_static);
+      if (ch == 0 && p.lse != nullptr) {
+        p.lse[row0 + row] = lse2 * ln2;
+      }
+    } else {
+      const std::int64_t prow = (row0 + row) * p.max_splits + split;
+      p.part_o[prow * D + ch] = val;
+      if (ch == 0) {
+        p.part_lse[prow] = lse2;
+      }
+    }
+  }
+  if (nsplit == 1) {
+    return;
+  }
+
+  // Split path: the last block of this (sequence, KV head) to finish merges every split.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint32_t* const counter =
+        p.counters + static_cast<std::int64_t>(b) * layout.num_kv_heads() + h;
+    const std::uint32_t before = atomicAdd(counter, 1U);
+    last_block = before == static_cast<std::uint32_t>(nsplit - 1) ? 1 : 0;
+    if (last_block != 0) {
+      atomicExch(counter, 0U); // ready for the next launch
+    }
+  }
+  __syncthreads();
+  if (last_block == 0) {
+    return;
+  }
+  __threadfence();
+  for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
+    const int row = e / D;
+    const int ch = e % D;
+    const std::int64_t prow0 = (row0 + row) * p.max_splits;
+    float mx = -INFINITY;
+    for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+      mx = fmaxf(mx, __ldcg(p.part_lse + prow0 + sp));
+    }
+    float sum = 0.0F;
+    float acc = 0.0F;
+    if (mx != -INFINITY) {
+      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+        const float wt = fast_exp2(__ldcg(p.part_lse + prow0 + sp) - mx);
+        sum += wt;
+        acc += wt * __ldcg(p.part_o + (prow0 + sp) * D + ch);
+      }
+    }
+    p.out[(row0 + row) * D + ch] = store_value<T>((sum > 0.0F ? acc / sum : 0.0F) * v_static);
+    if (ch == 0 && p.lse != nullptr) {
+      p.lse[row0 + row] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
+    }
+  }
+}
+
+template <class Layout, class T, int D, int NT>
+cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
+                          cudaStream_t stream) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  decode_params<Layout, T> p{};
+  p.layout = a.layout;
+  p.cache = a.cache;
+  p.page_bytes = a.layout.bytes_per_page();
+  p.table = a.table;
+  p.q = a.q;
+  p.out = a.out;
+  p.lse = a.lse;
+  p.static_scales = a.static_scales;
+  p.page_check = a.page_check;
+  p.capacity = a.capacity;
+  p.group = plan.shape.group_size();
+  p.num_q_heads = plan.shape.num_q_heads;
+  p.scale = a.options.scale > 0.0F ? a.options.scale
+                                   : 1.0F / std::sqrt(static_cast<float>(plan.shape.head_dim));
+  p.soft_cap = a.options.logits_soft_cap;
+  p.window = a.options.window;
+  p.chunk = plan.chunk_tokens;
+  p.page_div = fast_divmod::make(static_cast<std::uint32_t>(a.layout.page_size()));
+  p.max_splits = plan.max_splits;
+  if (plan.workspace_bytes() > 0) {
+    auto* const ws = static_cast<std::byte*>(workspace);
+    p.counters = reinterpret_cast<std::uint32_t*>(ws);
+    p.part_lse = reinterpret_cast<float*>(ws + plan.counter_bytes());
+    const std::size_t rows = static_cast<std::size_t>(plan.shape.batch_size) *
+                             static_cast<std::size_t>(plan.shape.num_q_heads) *
+                             static_cast<std::size_t>(plan.max_splits);
+    p.part_o = p.part_lse + (rows + 3) / 4 * 4;
+  }
+  constexpr int smem = decode_smem_bytes<K, V, D, NT>();
+  const auto kernel = paged_decode_kernel<Layout, T, D, NT>;
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess) {
+    return e;
+  }
+  const dim3 grid(static_cast<unsigned>(plan.max_splits),
+                  static_cast<unsigned>(plan.shape.num_kv_heads),
+                  static_cast<unsigned>(a.table.batch_size));
+  if (a.table.batch_size == 0) {
+    return cudaSuccess;
+  }
+  kernel<<<grid, decode_warps * 32, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+} // namespace detail
+
+//! Decode attention for a layout whose head dim is `HeadDim` (64, 128 or 256): instantiates only
+//! that head dim's kernels. Same contract as paged_decode.
+template <int HeadDim, class Layout, query_element T>
+requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaError_t
+    paged_decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
+                     std::size_t workspace_bytes, cudaStream_t stream) {
+  if (!validate(a, plan, workspace, workspace_bytes).ok() || plan.shape.head_dim != HeadDim) {
+    return cudaErrorInvalidValue;
+  }
+  return plan.shape.group_size() > 8
+             ? detail::launch_decode<Layout, T, HeadDim, 2>(a, plan, workspace, stream)
+             : detail::launch_decode<Layout, T, HeadDim, 1>(a, plan, workspace, stream);
+}
+
+//! Decode attention: for each sequence b of `a.table`, its query q[b] (all query heads) attends
+//! to every cached key of the sequence (the newest included), within the sliding window when one
+//! is set, and the result goes to out[b] (and the log-sum-exp of the scaled, capped logits to
+//! lse[b]). Matches kvkit::reference::paged_decode to fp16/bf16 rounding of the operands (keys and
+//! values are dequantized to fp16, or kept in bf16 for a bf16 cache; accumulation is fp32).
+//! `plan` comes from plan_decode or plan_decode_graph_safe for the same shape; `workspace` holds
+//! plan.workspace_bytes() bytes whose counter part was zeroed once (the launch leaves it zero).
+//! One launch, asynchronous on `stream`; no allocation, no host synchronization, so a launch with
+//! a graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when `validate` fails.
+template <class Layout, query_element T>
+[[nodiscard]] cudaError_t paged_decode(const decode_args<Layout, T>& a, const decode_plan& plan,
+                                       void* workspace, std::size_t workspace_bytes,
+                                       cudaStream_t stream) {
+  switch (plan.shape.head_dim) {
+  case 64:
+    return paged_decode_dim<64>(a, plan, workspace, workspace_bytes, stream);
+  case 128:
+    return paged_decode_dim<128>(a, plan, workspace, workspace_bytes, stream);
+  case 256:
+    return paged_decode_dim<256>(a, plan, workspace, workspace_bytes, stream);
+  default:
+    return cudaErrorInvalidValue;
+  }
+}
+
+} // namespace kvkit::cuda

@@ -1,0 +1,319 @@
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/decode_device.hpp"
+#include "kvkit/cuda/paged_decode.cuh"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/quant/codecs.hpp"
+
+namespace kvkit_test {
+
+namespace {
+
+#define KVKIT_TRY(expr)                                                                            \
+  do {                                                                                             \
+    const cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) {                                                                       \
+      out.error = e_;                                                                              \
+      return out;                                                                                  \
+    }                                                                                              \
+  } while (false)
+
+// Device buffers freed on every path out.
+struct buffers {
+  std::vector<void*> ptrs;
+  ~buffers() {
+    for (void* p : ptrs) {
+      cudaFree(p);
+    }
+  }
+  template <class U>
+  cudaError_t alloc(U*& p, std::size_t count) {
+    void* raw = nullptr;
+    const cudaError_t e = cudaMalloc(&raw, std::max<std::size_t>(count, 1) * sizeof(U));
+    if (e == cudaSuccess) {
+      ptrs.push_back(raw);
+      p = static_cast<U*>(raw);
+    }
+    return e;
+  }
+};
+
+} // namespace
+
+template <int HeadDim, class Layout, class T>
+decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& cache,
+                          std::int32_t capacity, const kvkit::decode_shape& shape,
+                          const std::vector<decode_step>& steps,
+                          const std::vector<float>& static_scales,
+                          const kvkit::attention_options& options, const decode_mode& mode) {
+  decode_outcome out;
+  buffers mem;
+  std::byte* d_cache = nullptr;
+  KVKIT_TRY(mem.alloc(d_cache, cache.size()));
+  KVKIT_TRY(cudaMemcpy(d_cache, cache.data(), cache.size(), cudaMemcpyHostToDevice));
+  std::size_t max_indices = 1;
+  std::size_t max_batch = 1;
+  for (const decode_step& s : steps) {
+    max_indices = std::max(max_indices, s.indices.size());
+    max_batch = std::max(max_batch, s.last_page_len.size());
+  }
+  const auto rows = max_batch * static_cast<std::size_t>(shape.num_q_heads);
+  const auto elems = rows * HeadDim;
+  std::int32_t *d_indptr = nullptr, *d_indices = nullptr, *d_last = nullptr, *d_check = nullptr;
+  T *d_q = nullptr, *d_out = nullptr;
+  float *d_lse = nullptr, *d_scales = nullptr;
+  KVKIT_TRY(mem.alloc(d_indptr, max_batch + 1));
+  KVKIT_TRY(mem.alloc(d_indices, max_indices));
+  KVKIT_TRY(mem.alloc(d_last, max_batch));
+  KVKIT_TRY(mem.alloc(d_check, 1));
+  KVKIT_TRY(mem.alloc(d_q, elems));
+  KVKIT_TRY(mem.alloc(d_out, elems));
+  KVKIT_TRY(mem.alloc(d_lse, rows));
+  KVKIT_TRY(mem.alloc(d_scales, static_scales.size()));
+  KVKIT_TRY(cudaMemset(d_check, 0, sizeof(std::int32_t)));
+  if (!static_scales.empty()) {
+    KVKIT_TRY(cudaMemcpy(d_scales, static_scales.data(), static_scales.size() * sizeof(float),
+                         cudaMemcpyHostToDevice));
+  }
+
+  // Plans: one graph-safe plan for every step, or one per step from its lengths.
+  const auto lengths = [&](const decode_step& s) {
+    std::vector<std::int32_t> lens;
+    for (std::size_t b = 0; b + 1 < s.indptr.size(); ++b) {
+      const std::int32_t pages = s.indptr[b + 1] - s.indptr[b];
+      lens.push_back(pages == 0 ? 0 : (pages - 1) * layout.page_size() + s.last_page_len[b]);
+    }
+    return lens;
+  };
+  std::vector<kvkit::decode_plan> plans;
+  for (const decode_step& s : steps) {
+    auto plan = mode.graph ? kvkit::plan_decode_graph_safe(shape, mode.max_seq_len, mode.sm_count)
+                           : kvkit::plan_decode(shape, lengths(s), mode.sm_count);
+    if (!plan.ok()) {
+      out.error = cudaErrorInvalidValue;
+      return out;
+    }
+    plans.push_back(*plan);
+  }
+  std::size_t ws_bytes = 0;
+  for (const auto& p : plans) {
+    ws_bytes = std::max(ws_bytes, p.workspace_bytes());
+  }
+  std::byte* d_ws = nullptr;
+  KVKIT_TRY(mem.alloc(d_ws, ws_bytes));
+  KVKIT_TRY(cudaMemset(d_ws, 0, std::max<std::size_t>(ws_bytes, 1)));
+
+  kvkit::cuda::decode_args<Layout, T> a;
+  a.layout = layout;
+  a.cache = d_cache;
+  a.capacity = capacity;
+  a.table = kvkit::csr_page_table{d_indptr, d_indices, d_last,
+                                  static_cast<std::int32_t>(steps.front().last_page_len.size()),
+                                  layout.page_size()};
+  a.q = d_q;
+  a.out = d_out;
+  a.lse = d_lse;
+  a.static_scales = static_scales.empty() ? nullptr : d_scales;
+  a.options = options;
+  a.page_check = mode.check_pages ? d_check : nullptr;
+
+  cudaStream_t stream = nullptr;
+  KVKIT_TRY(cudaStreamCreate(&stream));
+  cudaGraphExec_t exec = nullptr;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const decode_step& s = steps[i];
+    const std::size_t batch = s.last_page_len.size();
+    KVKIT_TRY(cudaMemcpy(d_indptr, s.indptr.data(), s.indptr.size() * 4, cudaMemcpyHostToDevice));
+    if (!s.indices.empty()) {
+      KVKIT_TRY(
+          cudaMemcpy(d_indices, s.indices.data(), s.indices.size() * 4, cudaMemcpyHostToDevice));
+    }
+    KVKIT_TRY(cudaMemcpy(d_last, s.last_page_len.data(), batch * 4, cudaMemcpyHostToDevice));
+    KVKIT_TRY(cudaMemcpy(d_q, s.q.data(), s.q.size() * 2, cudaMemcpyHostToDevice));
+    KVKIT_TRY(cudaMemset(d_out, 0xFF, elems * sizeof(T))); // NaN in fp16 and bf16
+    KVKIT_TRY(cudaMemset(d_lse, 0xFF, rows * sizeof(float)));
+    a.table.batch_size = static_cast<std::int32_t>(batch);
+    if (mode.graph) {
+      if (exec == nullptr) {
+        cudaGraph_t graph = nullptr;
+        KVKIT_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        const cudaError_t launch =
+            kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream);
+        KVKIT_TRY(cudaStreamEndCapture(stream, &graph));
+        KVKIT_TRY(launch);
+        const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+        cudaGraphDestroy(graph);
+        KVKIT_TRY(inst);
+      }
+      KVKIT_TRY(cudaGraphLaunch(exec, stream));
+    } else {
+      KVKIT_TRY(kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream));
+    }
+    KVKIT_TRY(cudaStreamSynchronize(stream));
+    std::vector<std::uint16_t> o(batch * static_cast<std::size_t>(shape.num_q_heads) * HeadDim);
+    std::vector<float> l(batch * static_cast<std::size_t>(shape.num_q_heads));
+    KVKIT_TRY(cudaMemcpy(o.data(), d_out, o.size() * 2, cudaMemcpyDeviceToHost));
+    KVKIT_TRY(cudaMemcpy(l.data(), d_lse, l.size() * 4, cudaMemcpyDeviceToHost));
+    out.out.push_back(std::move(o));
+    out.lse.push_back(std::move(l));
+    out.max_splits = plans[i].max_splits;
+  }
+  if (exec != nullptr) {
+    cudaGraphExecDestroy(exec);
+  }
+  cudaStreamDestroy(stream);
+  KVKIT_TRY(cudaMemcpy(&out.page_check, d_check, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+std::vector<std::string> decode_validation_failures() {
+  using layout_t = kvkit::paged_layout<kvkit::bf16_codec>;
+  using args_t = kvkit::cuda::decode_args<layout_t, __nv_bfloat16>;
+  std::vector<std::string> failed;
+  // Plausible device-looking pointers: validate never dereferences them.
+  alignas(16) static std::byte fake[64];
+  auto* p = reinterpret_cast<std::int32_t*>(fake);
+  auto* t = reinterpret_cast<__nv_bfloat16*>(fake);
+  args_t good;
+  good.layout = layout_t(16, 2, 128);
+  good.cache = fake;
+  good.capacity = 10;
+  good.table = kvkit::csr_page_table{p, p, p, 3, 16};
+  good.q = t;
+  good.out = t;
+  const std::vector<std::int32_t> lens{1, 5000, 20};
+  const auto plan = *kvkit::plan_decode({3, 8, 2, 128, 0}, lens, 132);
+  const std::size_t ws = plan.workspace_bytes();
+  const auto check = [&](const char* name, const args_t& a, const kvkit::decode_plan& pl, void* w,
+                         std::size_t bytes, bool expect_ok) {
+    const bool ok = kvkit::cuda::validate(a, pl, w, bytes).ok();
+    const cudaError_t launch = kvkit::cuda::paged_decode(a, pl, w, bytes, nullptr);
+    if (ok != expect_ok || (!expect_ok && launch != cudaErrorInvalidValue)) {
+      failed.emplace_back(name);
+    }
+  };
+  if (ws == 0) {
+    failed.emplace_back("plan for a 5000-token sequence has no splits");
+  }
+  check("good", good, plan, fake, ws, true);
+  check("workspace missing", good, plan, nullptr, ws, false);
+  check("workspace too small", good, plan, fake, ws - 4, false);
+  check("workspace misaligned", good, plan, fake + 4, ws, false);
+  auto a = good;
+  a.cache = nullptr;
+  check("null cache", a, plan, fake, ws, false);
+  a = good;
+  a.cache = fake + 8;
+  check("misaligned cache", a, plan, fake, ws, false);
+  a = good;
+  a.q = nullptr;
+  check("null q", a, plan, fake, ws, false);
+  a = good;
+  a.out = nullptr;
+  check("null out", a, plan, fake, ws, false);
+  a = good;
+  a.table.indices = nullptr;
+  check("null indices", a, plan, fake, ws, false);
+  a = good;
+  a.table.page_size = 8;
+  check("page size differs from the layout", a, plan, fake, ws, false);
+  a = good;
+  a.table.batch_size = 2;
+  check("batch differs from a non-graph plan", a, plan, fake, ws, false);
+  a = good;
+  a.capacity = 0;
+  check("no capacity", a, plan, fake, ws, false);
+  a = good;
+  a.layout = layout_t(16, 4, 128);
+  check("kv heads differ from the plan", a, plan, fake, ws, false);
+  a = good;
+  a.layout = layout_t(16, 2, 64);
+  check("head dim differs from the plan", a, plan, fake, ws, false);
+  a = good;
+  a.options.window = 5;
+  check("window differs from the plan", a, plan, fake, ws, false);
+  a = good;
+  a.options.logits_soft_cap = -1.0F;
+  check("negative soft cap", a, plan, fake, ws, false);
+  a = good;
+  a.options.scale = std::numeric_limits<float>::infinity();
+  check("infinite scale", a, plan, fake, ws, false);
+  auto bad_plan = plan;
+  bad_plan.chunk_tokens = 100;
+  check("chunk not a multiple of the tile", good, bad_plan, fake, ws, false);
+  bad_plan = plan;
+  bad_plan.shape.head_dim = 96;
+  check("head dim 96", good, bad_plan, fake, ws, false);
+  bad_plan = plan;
+  bad_plan.shape.num_q_heads = 2 * 17;
+  check("group of 17", good, bad_plan, fake, ws, false);
+  // fp8 without its static scales, and a per-channel codec.
+  using fp8_t = kvkit::paged_layout<kvkit::fp8_e4m3_codec>;
+  kvkit::cuda::decode_args<fp8_t, __nv_bfloat16> f;
+  f.layout = fp8_t(16, 2, 128);
+  f.cache = fake;
+  f.capacity = 10;
+  f.table = good.table;
+  f.q = t;
+  f.out = t;
+  if (kvkit::cuda::validate(f, plan, fake, ws).ok()) {
+    failed.emplace_back("fp8 without static scales");
+  }
+  using chan_t = kvkit::paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<32>>;
+  kvkit::cuda::decode_args<chan_t, __nv_bfloat16> c;
+  c.layout = chan_t(16, 2, 128);
+  c.cache = fake;
+  c.capacity = 10;
+  c.table = good.table;
+  c.q = t;
+  c.out = t;
+  if (kvkit::cuda::validate(c, plan, fake, ws).ok()) {
+    failed.emplace_back("per-channel K codec");
+  }
+  // Plans: bad shapes and lengths are errors.
+  if (kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 0, 2}, 132).ok() ||
+      kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 2}, 132).ok() ||
+      kvkit::plan_decode({3, 8, 3, 128, 0}, lens, 132).ok() ||
+      kvkit::plan_decode_graph_safe({3, 8, 2, 128, 0}, 0, 132).ok() ||
+      kvkit::plan_decode({3, 8, 2, 128, 0}, lens, 0).ok()) {
+    failed.emplace_back("a bad plan request was accepted");
+  }
+  return failed;
+}
+
+// The variants the tests run (each instantiation compiles the kernels of one head dim).
+#define KVKIT_DECODE_CASE(D, L, T)                                                                 \
+  template decode_outcome run_decode<D, L, T>(                                                     \
+      const L&, const std::vector<std::byte>&, std::int32_t, const kvkit::decode_shape&,           \
+      const std::vector<decode_step>&, const std::vector<float>&, const kvkit::attention_options&, \
+      const decode_mode&);
+
+using kvkit::kv_order;
+using kvkit::paged_layout;
+using bf16_nhd = paged_layout<kvkit::bf16_codec>;
+using fp16_hnd = paged_layout<kvkit::fp16_codec, kvkit::fp16_codec, kv_order::hnd>;
+using e4m3_nhd = paged_layout<kvkit::fp8_e4m3_codec>;
+using e5m2_hnd = paged_layout<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, kv_order::hnd>;
+using int8_nhd = paged_layout<kvkit::int8_codec>;
+using int4_32 = paged_layout<kvkit::int4_group_codec<32>>;
+using int4_128_hnd =
+    paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, kv_order::hnd>;
+using int8_k_int4_v = paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<64>>;
+
+KVKIT_DECODE_CASE(64, bf16_nhd, __nv_bfloat16)
+KVKIT_DECODE_CASE(128, bf16_nhd, __nv_bfloat16)
+KVKIT_DECODE_CASE(256, bf16_nhd, __nv_bfloat16)
+KVKIT_DECODE_CASE(128, fp16_hnd, __half)
+KVKIT_DECODE_CASE(128, e4m3_nhd, __nv_bfloat16)
+KVKIT_DECODE_CASE(64, e5m2_hnd, __half)
+KVKIT_DECODE_CASE(128, int8_nhd, __nv_bfloat16)
+KVKIT_DECODE_CASE(256, int4_32, __half)
+KVKIT_DECODE_CASE(128, int4_128_hnd, __nv_bfloat16)
+KVKIT_DECODE_CASE(128, int8_k_int4_v, __half)
+
+} // namespace kvkit_test

@@ -1,0 +1,53 @@
+#pragma once
+// Host-callable wrapper of the GPU decode kernel for the tests (decode_device.cu).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "kvkit/attention/decode_plan.hpp"
+#include "kvkit/attention/options.hpp"
+
+namespace kvkit_test {
+
+// One decode step: a page table over the shared cache, and the queries (raw fp16/bf16 bits).
+struct decode_step {
+  std::vector<std::int32_t> indptr, indices, last_page_len;
+  std::vector<std::uint16_t> q; // [batch][q_heads][head_dim]
+};
+
+// How the steps are launched.
+struct decode_mode {
+  std::int32_t sm_count = 132;  // planning input: fewer multiprocessors means fewer splits
+  bool graph = false;           // graph-safe plan, captured once, replayed for every step
+  std::int32_t max_seq_len = 0; // the graph-safe plan's bound
+  bool check_pages = false;     // the debug page-id check
+};
+
+struct decode_outcome {
+  cudaError_t error = cudaSuccess;
+  std::vector<std::vector<std::uint16_t>> out; // per step [batch][q_heads][head_dim], raw bits
+  std::vector<std::vector<float>> lse;         // per step [batch][q_heads]
+  std::int32_t page_check = 0;                 // the debug flag after the last step
+  std::int32_t max_splits = 0;                 // of the (last) plan
+};
+
+// Runs paged_decode_dim<HeadDim> on each step over one device copy of `cache` (capacity pages),
+// outputs poisoned with NaN before every launch. T is __half or __nv_bfloat16. The workspace is
+// allocated for the largest plan and zeroed once, so later steps reuse counters left by earlier
+// ones.
+template <int HeadDim, class Layout, class T>
+decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& cache,
+                          std::int32_t capacity, const kvkit::decode_shape& shape,
+                          const std::vector<decode_step>& steps,
+                          const std::vector<float>& static_scales,
+                          const kvkit::attention_options& options, const decode_mode& mode);
+
+// validate() and the launcher on bad arguments: the names of cases that were not rejected with
+// bad_argument / cudaErrorInvalidValue (and of a good case that was). Empty when all is well.
+std::vector<std::string> decode_validation_failures();
+
+} // namespace kvkit_test

@@ -1,0 +1,316 @@
+// GPU decode attention against the float64 CPU reference: fresh random inputs per case, outputs
+// poisoned before every launch, relative-error bounds per codec; partial last pages, length 1,
+// page sizes 1 to 128, wildly different lengths in one batch, split and unsplit paths, GQA groups
+// 1 to 16, head dims 64/128/256, window, soft cap, the graph-safe mode under CUDA graph replay,
+// and the debug page-id check.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/decode_device.hpp"
+#include "host/test_seed.hpp"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/quant/codecs.hpp"
+#include "kvkit/reference/paged_attention.hpp"
+#include "kvkit/reference/quantize.hpp"
+
+namespace {
+
+using kvkit::kv_order;
+using kvkit::paged_layout;
+using bf16_nhd = paged_layout<kvkit::bf16_codec>;
+
+template <class T>
+std::uint16_t to_bits(float x) {
+  return std::is_same_v<T, __half> ? kvkit::float_to_fp16_bits(x) : kvkit::float_to_bf16_bits(x);
+}
+template <class T>
+float from_bits(std::uint16_t b) {
+  return std::is_same_v<T, __half> ? kvkit::fp16_bits_to_float(b) : kvkit::bf16_bits_to_float(b);
+}
+
+// A paged cache filled through the reference quantizer, and steps of page tables over it.
+template <class Layout>
+struct problem {
+  Layout layout;
+  std::int32_t capacity = 0;
+  std::vector<std::byte> cache;
+  std::vector<float> scales; // [2][kv_heads] for fp8, else empty
+  std::mt19937_64 rng;
+  std::vector<std::int32_t> free_pages;
+
+  problem(Layout l, std::int32_t cap, std::uint64_t seed) : layout(l), capacity(cap), rng(seed) {
+    cache.assign(static_cast<std::size_t>(cap * layout.bytes_per_page()), std::byte{0xEE});
+    free_pages.resize(static_cast<std::size_t>(cap));
+    std::iota(free_pages.begin(), free_pages.end(), 0);
+    std::shuffle(free_pages.begin(), free_pages.end(), rng); // scattered pages
+    using K = typename Layout::k_codec;
+    if constexpr (K::scaling == kvkit::kv_scaling::static_per_head) {
+      for (std::int32_t i = 0; i < 2 * layout.num_kv_heads(); ++i) {
+        scales.push_back(0.01F + 0.002F * static_cast<float>(i)); // values up to ~4 fit in e4m3
+      }
+    }
+  }
+
+  // A sequence of `len` fresh random tokens (some channels with outliers in K); returns its
+  // pages and the last page's fill.
+  void add_sequence(std::int32_t len, kvkit_test::decode_step& step) {
+    const std::int32_t p = layout.page_size();
+    const std::int32_t pages = (len + p - 1) / p;
+    REQUIRE(static_cast<std::int32_t>(free_pages.size()) >= pages);
+    std::normal_distribution<float> d(0.0F, 1.0F);
+    const std::int32_t width = layout.num_kv_heads() * layout.head_dim();
+    for (std::int32_t i = 0; i < pages; ++i) {
+      const std::int32_t page = free_pages.back();
+      free_pages.pop_back();
+      step.indices.push_back(page);
+      const std::int32_t count = std::min(p, len - i * p);
+      std::vector<float> k(static_cast<std::size_t>(count * width));
+      std::vector<float> v(k.size());
+      for (std::size_t e = 0; e < k.size(); ++e) {
+        const bool outlier = (e % static_cast<std::size_t>(layout.head_dim())) % 37 == 5;
+        k[e] = d(rng) * (outlier ? 3.0F : 1.0F);
+        v[e] = d(rng);
+      }
+      REQUIRE(kvkit::reference::quantize_page(
+                  layout, k.data(), v.data(), count,
+                  cache.data() + static_cast<std::size_t>(page * layout.bytes_per_page()),
+                  scales.empty() ? nullptr : scales.data())
+                  .ok());
+    }
+    step.indptr.push_back(static_cast<std::int32_t>(step.indices.size()));
+    step.last_page_len.push_back(len - (pages - 1) * p);
+  }
+
+  template <class T>
+  kvkit_test::decode_step make_step(const std::vector<std::int32_t>& lens, std::int32_t q_heads) {
+    kvkit_test::decode_step s;
+    s.indptr.push_back(0);
+    for (const std::int32_t len : lens) {
+      add_sequence(len, s);
+    }
+    std::normal_distribution<float> d(0.0F, 1.0F);
+    s.q.resize(lens.size() * static_cast<std::size_t>(q_heads * layout.head_dim()));
+    for (auto& x : s.q) {
+      x = to_bits<T>(d(rng));
+    }
+    return s;
+  }
+
+  // Frees the pages of a step (so a later step can reuse them with new contents).
+  void release(const kvkit_test::decode_step& s) {
+    free_pages.insert(free_pages.end(), s.indices.begin(), s.indices.end());
+    std::shuffle(free_pages.begin(), free_pages.end(), rng);
+  }
+};
+
+struct errors {
+  double out_rel = 0.0;
+  double lse_abs = 0.0;
+  bool all_finite = true;
+};
+
+template <class Layout, class T>
+errors compare(const problem<Layout>& pr, const kvkit_test::decode_step& s, std::int32_t q_heads,
+               const kvkit::attention_options& options, const std::vector<std::uint16_t>& out,
+               const std::vector<float>& lse) {
+  const auto batch = static_cast<std::int32_t>(s.last_page_len.size());
+  const kvkit::csr_page_table table{s.indptr.data(), s.indices.data(), s.last_page_len.data(),
+                                    batch, pr.layout.page_size()};
+  std::vector<float> q(s.q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    q[i] = from_bits<T>(s.q[i]);
+  }
+  std::vector<float> ref(q.size());
+  std::vector<float> ref_lse(static_cast<std::size_t>(batch * q_heads));
+  REQUIRE(kvkit::reference::paged_decode(pr.layout, pr.cache.data(), pr.capacity, table, q.data(),
+                                         q_heads, ref.data(), ref_lse.data(),
+                                         pr.scales.empty() ? nullptr : pr.scales.data(), options)
+              .ok());
+  errors e;
+  double num = 0.0;
+  double den = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double got = from_bits<T>(out[i]);
+    e.all_finite = e.all_finite && std::isfinite(got);
+    num += (got - ref[i]) * (got - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  e.out_rel = std::sqrt(num / den);
+  for (std::size_t i = 0; i < ref_lse.size(); ++i) {
+    e.all_finite = e.all_finite && std::isfinite(lse[i]);
+    e.lse_abs = std::max(e.lse_abs, std::abs(static_cast<double>(lse[i]) - ref_lse[i]));
+  }
+  return e;
+}
+
+// fp16 operands: keys/values exact or rounded once to fp16, P and the output rounded to the
+// output type. bf16 anywhere (cache, queries, outputs) allows bf16 rounding.
+template <class Layout, class T>
+double bound() {
+  const bool bf16 = std::is_same_v<T, __nv_bfloat16> ||
+                    std::is_same_v<typename Layout::k_codec, kvkit::bf16_codec>;
+  return bf16 ? 1e-2 : 3e-3;
+}
+
+template <int D, class Layout, class T>
+void check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
+                  std::uint64_t seed, const kvkit::attention_options& options = {},
+                  std::int32_t sm_count = 132) {
+  const std::int32_t q_heads = group * layout.num_kv_heads();
+  std::int32_t pages = 0;
+  for (const auto len : lens) {
+    pages += (len + layout.page_size() - 1) / layout.page_size();
+  }
+  problem<Layout> pr(layout, pages + 7, seed);
+  const auto step = pr.template make_step<T>(lens, q_heads);
+  const kvkit::decode_shape shape{static_cast<std::int32_t>(lens.size()), q_heads,
+                                  layout.num_kv_heads(), D, options.window};
+  kvkit_test::decode_mode mode;
+  mode.sm_count = sm_count;
+  const auto got = kvkit_test::run_decode<D, Layout, T>(layout, pr.cache, pr.capacity, shape,
+                                                        {step}, pr.scales, options, mode);
+  INFO("seed " << seed << " page " << layout.page_size() << " group " << group << " D " << D
+               << " splits " << got.max_splits << " error " << cudaGetErrorString(got.error));
+  REQUIRE(got.error == cudaSuccess);
+  const errors e = compare<Layout, T>(pr, step, q_heads, options, got.out[0], got.lse[0]);
+  INFO("relative error " << e.out_rel << ", lse error " << e.lse_abs);
+  CHECK(e.all_finite);
+  CHECK(e.out_rel < bound<Layout, T>());
+  CHECK(e.lse_abs < 2e-2);
+}
+
+} // namespace
+
+TEST_CASE("paged_decode bf16: page sizes 1 to 128, groups 1 to 16, split and unsplit",
+          "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0xDEC0DE);
+  const std::vector<std::int32_t> lens{1, 2, 15, 16, 17, 64, 65, 333, 1000, 4099};
+  for (const std::int32_t page : {1, 8, 16, 32, 64, 128}) {
+    for (const std::int32_t group : {1, 4, 8, 16}) {
+      for (const std::int32_t sms : {1, 132, 4096}) { // few, planned, and many splits
+        paged_layout<kvkit::bf16_codec> layout(page, 2, 128);
+        check_decode<128, bf16_nhd, __nv_bfloat16>(layout, group, lens,
+                                                   seed + page * 100 + group + sms);
+      }
+    }
+  }
+}
+
+TEST_CASE("paged_decode bf16: head dims 64 and 256, one KV head (MQA)", "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0xD1A);
+  for (const std::int32_t group : {1, 3, 8, 12, 16}) {
+    check_decode<64, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+        paged_layout<kvkit::bf16_codec>(16, 1, 64), group, {5, 700, 2}, seed + group);
+    check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+        paged_layout<kvkit::bf16_codec>(16, 1, 256), group, {5, 700, 2}, seed + 50 + group);
+  }
+}
+
+TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0xC0DEC);
+  const std::vector<std::int32_t> lens{1, 31, 200, 3000};
+  for (const std::int32_t group : {1, 4, 8, 16}) {
+    for (const std::int32_t sms : {1, 4096}) {
+      const std::uint64_t s = seed + static_cast<std::uint64_t>(group * 10 + sms);
+      check_decode<128, paged_layout<kvkit::fp16_codec, kvkit::fp16_codec, kv_order::hnd>, __half>(
+          {16, 4, 128}, group, lens, s, {}, sms);
+      check_decode<128, paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>({16, 4, 128}, group,
+                                                                            lens, s + 1, {}, sms);
+      check_decode<64, paged_layout<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, kv_order::hnd>,
+                   __half>({32, 4, 64}, group, lens, s + 2, {}, sms);
+      check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 4, 128}, group, lens,
+                                                                        s + 3, {}, sms);
+      check_decode<256, paged_layout<kvkit::int4_group_codec<32>>, __half>({16, 2, 256}, group,
+                                                                           lens, s + 4, {}, sms);
+      check_decode<
+          128,
+          paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, kv_order::hnd>,
+          __nv_bfloat16>({8, 4, 128}, group, lens, s + 5, {}, sms);
+      check_decode<128, paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<64>>, __half>(
+          {16, 4, 128}, group, lens, s + 6, {}, sms);
+    }
+  }
+}
+
+TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0x0B7);
+  const std::vector<std::int32_t> lens{1, 40, 513, 2500};
+  const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
+  for (const kvkit::attention_options o :
+       {kvkit::attention_options{0.0F, 1, 0.0F}, kvkit::attention_options{0.0F, 100, 0.0F},
+        kvkit::attention_options{0.0F, 0, 5.0F}, kvkit::attention_options{0.05F, 257, 2.0F}}) {
+    for (const std::int32_t sms : {1, 4096}) {
+      check_decode<128, bf16_nhd, __nv_bfloat16>(layout, 4, lens, seed + sms, o, sms);
+    }
+  }
+}
+
+TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths change",
+          "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0x6A4);
+  const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
+  const std::int32_t q_heads = 8;
+  problem<bf16_nhd> pr(layout, 2048, seed);
+  std::vector<kvkit_test::decode_step> steps;
+  // Same batch size every step; lengths grow, shrink, and one exceeds the plan's bound.
+  for (const auto& lens : std::vector<std::vector<std::int32_t>>{
+           {1, 100, 1000}, {2, 101, 1001}, {3000, 7, 64}, {5000, 1, 1}}) {
+    steps.push_back(pr.make_step<__nv_bfloat16>(lens, q_heads));
+  }
+  const kvkit::decode_shape shape{3, q_heads, 2, 128, 0};
+  kvkit_test::decode_mode mode;
+  mode.graph = true;
+  mode.max_seq_len = 1024;
+  const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+      layout, pr.cache, pr.capacity, shape, steps, pr.scales, {}, mode);
+  INFO("seed " << seed << " error " << cudaGetErrorString(got.error));
+  REQUIRE(got.error == cudaSuccess);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const errors e =
+        compare<bf16_nhd, __nv_bfloat16>(pr, steps[i], q_heads, {}, got.out[i], got.lse[i]);
+    INFO("step " << i << " relative error " << e.out_rel << " lse error " << e.lse_abs);
+    CHECK(e.all_finite);
+    CHECK(e.out_rel < 1e-2);
+    CHECK(e.lse_abs < 2e-2);
+  }
+}
+
+TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothing outside",
+          "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0xBAD);
+  const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
+  problem<bf16_nhd> pr(layout, 64, seed);
+  auto good = pr.make_step<__nv_bfloat16>({40, 300}, 8);
+  const kvkit::decode_shape shape{2, 8, 2, 128, 0};
+  kvkit_test::decode_mode mode;
+  mode.check_pages = true;
+  auto ok = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+      layout, pr.cache, pr.capacity, shape, {good}, pr.scales, {}, mode);
+  REQUIRE(ok.error == cudaSuccess);
+  CHECK(ok.page_check == 0);
+  auto bad = good;
+  bad.indices[1] = 1 << 20; // far outside the cache
+  bad.indices[5] = -3;
+  auto flagged = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+      layout, pr.cache, pr.capacity, shape, {bad}, pr.scales, {}, mode);
+  REQUIRE(flagged.error == cudaSuccess);
+  CHECK(flagged.page_check == 1);
+}
+
+TEST_CASE("paged_decode: validate rejects bad arguments before launch", "[cuda][decode]") {
+  const auto accepted = kvkit_test::decode_validation_failures();
+  for (const auto& name : accepted) {
+    INFO("not rejected (or a good case rejected): " << name);
+    CHECK(false);
+  }
+  CHECK(accepted.empty());
+}
