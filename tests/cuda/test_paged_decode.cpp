@@ -191,7 +191,7 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
 } // namespace
 
 TEST_CASE("paged_decode bf16: page sizes 1 to 128, groups 1 to 16, split and unsplit",
-          "[cuda][decode]") {
+          "[cuda][decode][sweep]") {
   const std::uint64_t seed = kvkit_test::test_seed(0xDEC0DE);
   const std::vector<std::int32_t> lens{1, 2, 15, 16, 17, 64, 65, 333, 1000, 4099};
   for (const std::int32_t page : {1, 8, 16, 32, 64, 128}) {

@@ -18,6 +18,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -292,20 +293,37 @@ __device__ inline std::uint32_t int8_pair_to_f16x2(std::uint32_t biased) {
   return hsub2(prmt(biased, 0x64646464U, Hi == 0 ? 0x4140U : 0x4342U), f16_1152);
 }
 
-// Nibbles Q and Q+4 of the low 16 bits and of the high 16 bits of x... as codes in an f16 pair:
-// (x >> 4Q) & 0x000F000F, exactly.
+// int4 codes to values in two instructions a pair: nibble Shift/4 of each 16-bit half of x is put
+// in the top mantissa bits of 1.0 (giving 1 + c/16), then one fma with (16 scale, zero - 16 scale)
+// gives c * scale + zero. Offsetting by 16 scales (not 1024 as the usual 0x6400 trick) keeps the
+// rounding of the adjusted zero point to 1/128 of a step.
 template <int Shift>
-__device__ inline std::uint32_t int4_pair_to_f16x2(std::uint32_t x) {
-  constexpr std::uint32_t f16_1024 = 0x64006400U;
-  return hsub2(((x >> Shift) & 0x000F000FU) | f16_1024, f16_1024);
+__device__ inline std::uint32_t int4_pair_biased(std::uint32_t x) {
+  constexpr int up = 6 - Shift; // nibble bits to bits 6..9 of each half
+  const std::uint32_t y = up >= 0 ? (x << (up >= 0 ? up : 0)) : (x >> (up < 0 ? -up : 0));
+  return (y & 0x03C003C0U) | 0x3C003C00U;
+}
+// (16 scale, zero - 16 scale) pairs from (scale, zero) pairs.
+__device__ inline void int4_params(std::uint32_t s2, std::uint32_t z2, std::uint32_t& s16,
+                                   std::uint32_t& z16) {
+  constexpr std::uint32_t f16_16 = 0x4C004C00U;    // 16.0 in both halves
+  constexpr std::uint32_t f16_neg16 = 0xCC00CC00U; // -16.0
+  const __half2 s = *reinterpret_cast<const __half2*>(&s2);
+  const __half2 a = __hmul2(s, *reinterpret_cast<const __half2*>(&f16_16));
+  s16 = *reinterpret_cast<const std::uint32_t*>(&a);
+  z16 = hfma2(s2, f16_neg16, z2);
 }
 
 // ---- how each codec's codes become MMA operands -----------------------------------------------
 //
 // K: a thread holds D/4 consecutive channels of a key; operand slot p (an element pair) covers
 //    the relative channels k_channel(p, 0) and k_channel(p, 1); k-step s uses slots 2s and 2s+1.
+//    "Relative" numbers the thread's channels in order; they are not contiguous in the key: the
+//    thread's n-th 16-byte item is item 4n + i of the key (k_abs), so that the four threads of a
+//    key read 64 consecutive bytes per copy instruction.
 // V: a thread holds D/8 consecutive channels of four keys; m-tile j's rows g and g+8 are the
-//    relative channels v_channel(j, 0) and v_channel(j, 1).
+//    relative channels v_channel(j, 0) and v_channel(j, 1); the thread's n-th item is item
+//    8n + g of the key (v_abs).
 template <class C, int D>
 struct frag {
   static constexpr int bits = C::bits;
@@ -320,8 +338,16 @@ struct frag {
   static constexpr int v_words = v_bytes / 4;
   static constexpr int group = grouped ? C::group_size : 1;
   // Parameter words a thread reads per K key (int8: its scale; int4: one per group it touches).
-  static constexpr int k_param_words =
-      per_token ? 1 : (grouped ? (D / 4 > group ? D / 4 / group : 1) : 0);
+  // Bytes of one copy (an item) and the channels it holds.
+  static constexpr int k_item = k_bytes < 16 ? k_bytes : 16;
+  static constexpr int k_items = k_bytes / k_item;
+  static constexpr int k_item_channels = k_item * 8 / bits;
+  static constexpr int v_item = v_bytes < 16 ? v_bytes : 16;
+  static constexpr int v_items = v_bytes / v_item;
+  static constexpr int v_item_channels = v_item * 8 / bits;
+  // Parameter words a thread reads per K key: int8 its scale; int4 one per item (an item never
+  // spans two groups: it holds at most 32 channels).
+  static constexpr int k_param_words = per_token ? 1 : (grouped ? k_items : 0);
   static constexpr int v_param_words = (per_token || grouped) ? 1 : 0;
 
   static constexpr int k_channel(int p, int half) {
@@ -335,6 +361,13 @@ struct frag {
     } else {
       return 8 * (j / 4) + j % 4 + 4 * half;
     }
+  }
+  // Channel in the key of thread i's K relative channel `rel`, and of thread g's V one.
+  static constexpr int k_abs(int i, int rel) {
+    return (rel / k_item_channels * 4 + i) * k_item_channels + rel % k_item_channels;
+  }
+  static constexpr int v_abs(int g, int rel) {
+    return (rel / v_item_channels * 8 + g) * v_item_channels + rel % v_item_channels;
   }
 
   // K operand words of k-step S (slots 2S, 2S+1) of one key.
@@ -355,11 +388,12 @@ struct frag {
       // Slots 2S and 2S+1 are nibble pairs q = 2(S%2) and q+1 of word S/2.
       constexpr int word = S / 2;
       constexpr int q = 2 * (S % 2);
-      const std::uint32_t pw = params[(8 * word) / group];
-      const std::uint32_t s2 = prmt(pw, pw, 0x1010U);
-      const std::uint32_t z2 = prmt(pw, pw, 0x3232U);
-      lo = hfma2(int4_pair_to_f16x2<4 * q>(w[word]), s2, z2);
-      hi = hfma2(int4_pair_to_f16x2<4 * q + 4>(w[word]), s2, z2);
+      const std::uint32_t pw = params[(8 * word) / k_item_channels];
+      std::uint32_t s16 = 0;
+      std::uint32_t z16 = 0;
+      int4_params(prmt(pw, pw, 0x1010U), prmt(pw, pw, 0x3232U), s16, z16);
+      lo = hfma2(int4_pair_biased<4 * q>(w[word]), s16, z16);
+      hi = hfma2(int4_pair_biased<4 * q + 4>(w[word]), s16, z16);
     }
   }
 
@@ -386,11 +420,12 @@ struct frag {
       // Low 16 bits: key t0's nibbles 0-3 (or 4-7); high 16 bits: key t1's.
       const std::uint32_t x = prmt(w0[J / 4], w1[J / 4], 0x5410U); // bytes 0,1 of each
       const std::uint32_t y = prmt(w0[J / 4], w1[J / 4], 0x7632U); // bytes 2,3 of each
-      const std::uint32_t s2 = prmt(p0, p1, 0x5410U);
-      const std::uint32_t z2 = prmt(p0, p1, 0x7632U);
+      std::uint32_t s16 = 0;
+      std::uint32_t z16 = 0;
+      int4_params(prmt(p0, p1, 0x5410U), prmt(p0, p1, 0x7632U), s16, z16);
       // Channel 8(J/4) + J%4 is nibble J%4 of bytes 0,1; channel +4 is nibble J%4 of bytes 2,3.
-      a = hfma2(int4_pair_to_f16x2<4 * (J % 4)>(x), s2, z2);
-      b = hfma2(int4_pair_to_f16x2<4 * (J % 4)>(y), s2, z2);
+      a = hfma2(int4_pair_biased<4 * (J % 4)>(x), s16, z16);
+      b = hfma2(int4_pair_biased<4 * (J % 4)>(y), s16, z16);
     }
   }
 };
@@ -402,12 +437,26 @@ template <class K, class V, int D>
 struct stage_layout {
   using kf = frag<K, D>;
   using vf = frag<V, D>;
-  static constexpr int k_item = kf::k_bytes < 16 ? kf::k_bytes : 16;
-  static constexpr int k_items = kf::k_bytes / k_item; // per key
-  static constexpr int v_item = vf::v_bytes < 16 ? vf::v_bytes : 16;
-  static constexpr int v_items = vf::v_bytes / v_item;
+  static constexpr int k_item = kf::k_item;
+  static constexpr int k_items = kf::k_items; // per key
+  static constexpr int v_item = vf::v_item;
+  static constexpr int v_items = vf::v_items;
   // V parameter keys: int8 scales follow the P rows (keys g, g+8); int4 groups the V keys.
   static constexpr int v_param_keys = vf::per_token ? 2 : 4;
+
+  // Data: the tile's 16 K rows, then its 16 V rows (one head's channels of a key, row_bytes
+  // each), 16-byte chunks XOR-swizzled per key so that the fragment reads are conflict-free.
+  static constexpr int k_row = D * kf::bits / 8;
+  static constexpr int v_row = D * vf::bits / 8;
+  static constexpr int k_chunks = k_row / 16;
+  static constexpr int v_chunks = v_row / 16;
+  static_assert(k_chunks >= 2 && v_chunks >= 2, "rows of at least 32 bytes");
+  __device__ static int swizzle(int key) { return ((key & 1) << 2) ^ (((key >> 1) & 3) << 1); }
+  // Byte offset in a row region of byte `offset` of key `key`'s row.
+  template <int Chunks, int Row>
+  __device__ static int at(int key, int offset) {
+    return key * Row + (((offset / 16) ^ (swizzle(key) & (Chunks - 1))) * 16) + offset % 16;
+  }
 
   static constexpr int k_off = 0;
   static constexpr int v_off = k_off + 2 * k_items * 32 * k_item;
@@ -481,21 +530,6 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
   const std::int32_t my_tiles =
       ntiles > warp ? (ntiles - warp + decode_warps - 1) / decode_warps : 0;
 
-  // Queries of the group, as K-side operands: head tile nt, row g, slots of this thread's channels.
-  std::uint32_t qf[NT][D / 8];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int head = nt * 8 + g;
-    const T* qrow =
-        p.q + (static_cast<std::int64_t>(b) * p.num_q_heads + h * p.group + head) * D + (D / 4) * i;
-#pragma unroll
-    for (int s = 0; s < D / 8; ++s) {
-      qf[nt][s] = head < p.group ? pack2<kmma>(load_float(qrow + kf::k_channel(s, 0)),
-                                               load_float(qrow + kf::k_channel(s, 1)))
-                                 : 0U;
-    }
-  }
-
   float k_static = 1.0F;
   float v_static = 1.0F;
   if constexpr (kf::static_scale) {
@@ -512,10 +546,20 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
       reinterpret_cast<char*>(smem_raw) + static_cast<std::size_t>(warp) * stages * sl::bytes;
 
   // Page and slot of this lane's key (lane % 16) of the warp's tile t; page -1 when outside.
-  const auto locate = [&](std::int32_t t, std::int32_t& page, std::int32_t& slot) {
+  struct key_loc {
+    std::int32_t page = -1; // -1: outside the range (or a bad page in debug mode)
+    std::int32_t slot = 0;
+    const std::byte* k_row = nullptr; // the key's K and V rows of head h; null when outside
+    const std::byte* v_row = nullptr;
+  };
+  const auto locate = [&](std::int32_t t, key_loc& loc) {
     const std::int32_t tok = c0 + (warp + decode_warps * t) * 16 + (lane & 15);
+    std::int32_t& page = loc.page;
+    std::int32_t& slot = loc.slot;
     page = -1;
     slot = 0;
+    loc.k_row = nullptr;
+    loc.v_row = nullptr;
     if (t < my_tiles && tok < c1) {
       std::uint32_t pi = 0;
       std::uint32_t off = 0;
@@ -526,35 +570,61 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
         atomicExch(p.page_check, 1);
         page = -1;
       }
+      if (page >= 0) {
+        const std::byte* const pb = p.cache + static_cast<std::int64_t>(page) * p.page_bytes;
+        loc.k_row = pb + layout.k_data_offset() + layout.element_index(slot, h, 0) * kf::bits / 8;
+        loc.v_row = pb + layout.v_data_offset() + layout.element_index(slot, h, 0) * vf::bits / 8;
+      }
     }
   };
 
   // Copies of the warp's tile (located by `page`/`slot` of lanes 0..15) into stage `st`.
-  const auto issue = [&](int st, std::int32_t page, std::int32_t slot) {
+  const auto issue = [&](int st, const key_loc& loc) {
+    const std::int32_t page = loc.page;
+    const std::int32_t slot = loc.slot;
     char* const base = warp_smem + st * sl::bytes;
+    // Rows: lane l copies chunks l, l + 32, ... of the tile's rows (whole rows per instruction).
+    const auto rows = [&](auto chunks_c, auto row_c, const std::byte* my_row, int off) {
+      constexpr int chunks = decltype(chunks_c)::value;
+      constexpr int row = decltype(row_c)::value;
+      const int first_key = lane / chunks; // chunks divides 32: rows are at most 512 bytes
+      const int chunk = lane % chunks;
 #pragma unroll
-    for (int tk = 0; tk < 2; ++tk) {
+      for (int n = 0; n < chunks / 2; ++n) {
+        const int key = first_key + n * (32 / chunks);
+        const auto r = reinterpret_cast<const std::byte*>(
+            __shfl_sync(0xFFFFFFFFU, reinterpret_cast<unsigned long long>(my_row), key));
+        const bool valid = r != nullptr;
+        cp_async<16>(base + off + sl::template at<chunks, row>(key, chunk * 16),
+                     valid ? r + chunk * 16 : p.cache, valid);
+      }
+    };
+    rows(std::integral_constant<int, sl::k_chunks>{}, std::integral_constant<int, sl::k_row>{},
+         loc.k_row, sl::k_off);
+    rows(std::integral_constant<int, sl::v_chunks>{}, std::integral_constant<int, sl::v_row>{},
+         loc.v_row, sl::v_off);
+    // Scales and zero points: each thread copies the ones it uses.
+#pragma unroll
+    for (int tk = 0; tk < ((kf::per_token || kf::grouped || vf::per_token) ? 2 : 0); ++tk) {
       const int key = g + 8 * tk;
       const std::int32_t pg = __shfl_sync(0xFFFFFFFFU, page, key);
       const std::int32_t sp = __shfl_sync(0xFFFFFFFFU, slot, key);
       const bool valid = pg >= 0;
       const std::byte* const pb =
           p.cache + static_cast<std::int64_t>(valid ? pg : 0) * p.page_bytes;
-      const std::byte* const src =
-          pb + layout.k_data_offset() + layout.element_index(sp, h, (D / 4) * i) * kf::bits / 8;
-#pragma unroll
-      for (int it = 0; it < sl::k_items; ++it) {
-        cp_async<sl::k_item>(base + sl::k_off + ((tk * sl::k_items + it) * 32 + lane) * sl::k_item,
-                             src + it * sl::k_item, valid);
-      }
-      if constexpr (kf::k_param_words > 0) {
-        const std::byte* const ps =
-            pb + layout.k_param_offset() +
-            layout.template param_index<K>(sp, h, (D / 4) * i) * K::param_bytes;
+      if constexpr (kf::per_token) {
+        const std::byte* const ps = pb + layout.k_param_offset() +
+                                    layout.template param_index<K>(sp, h, 0) * K::param_bytes;
+        cp_async<4>(base + sl::kp_off + (tk * 32 + lane) * 4, ps, valid);
+      } else if constexpr (kf::grouped) {
 #pragma unroll
         for (int w = 0; w < kf::k_param_words; ++w) {
-          cp_async<4>(base + sl::kp_off + ((tk * kf::k_param_words + w) * 32 + lane) * 4,
-                      ps + 4 * w, valid);
+          const std::byte* const ps =
+              pb + layout.k_param_offset() +
+              layout.template param_index<K>(sp, h, (4 * w + i) * kf::k_item_channels) *
+                  K::param_bytes;
+          cp_async<4>(base + sl::kp_off + ((tk * kf::k_param_words + w) * 32 + lane) * 4, ps,
+                      valid);
         }
       }
       if constexpr (vf::per_token) {
@@ -564,24 +634,18 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
       }
     }
 #pragma unroll
-    for (int tv = 0; tv < 4; ++tv) {
+    for (int tv = 0; tv < (vf::grouped ? 4 : 0); ++tv) {
       const int key = 2 * i + (tv & 1) + 8 * (tv >> 1);
       const std::int32_t pg = __shfl_sync(0xFFFFFFFFU, page, key);
       const std::int32_t sp = __shfl_sync(0xFFFFFFFFU, slot, key);
       const bool valid = pg >= 0;
       const std::byte* const pb =
           p.cache + static_cast<std::int64_t>(valid ? pg : 0) * p.page_bytes;
-      const std::byte* const src =
-          pb + layout.v_data_offset() + layout.element_index(sp, h, (D / 8) * g) * vf::bits / 8;
-#pragma unroll
-      for (int it = 0; it < sl::v_items; ++it) {
-        cp_async<sl::v_item>(base + sl::v_off + ((tv * sl::v_items + it) * 32 + lane) * sl::v_item,
-                             src + it * sl::v_item, valid);
-      }
       if constexpr (vf::grouped) {
+        static_assert(vf::v_items == 1, "an int4 V thread's channels lie in one item");
         const std::byte* const ps =
             pb + layout.v_param_offset() +
-            layout.template param_index<V>(sp, h, (D / 8) * g) * V::param_bytes;
+            layout.template param_index<V>(sp, h, g * vf::v_item_channels) * V::param_bytes;
         cp_async<4>(base + sl::vp_off + (tv * 32 + lane) * 4, ps, valid);
       }
     }
@@ -590,17 +654,30 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
   // Prologue: the first stages-1 tiles in flight, the next tile's pages located.
 #pragma unroll
   for (int t = 0; t < stages - 1; ++t) {
-    std::int32_t pg = 0;
-    std::int32_t sp = 0;
-    locate(t, pg, sp);
+    key_loc loc;
+    locate(t, loc);
     if (t < my_tiles) {
-      issue(t, pg, sp);
+      issue(t, loc);
     }
     cp_async_commit();
   }
-  std::int32_t next_page = 0;
-  std::int32_t next_slot = 0;
-  locate(stages - 1, next_page, next_slot);
+  key_loc next;
+  locate(stages - 1, next);
+
+  // Queries of the group (loaded while the first tiles are in flight), as K-side operands: head
+  // tile nt, row g, slots of this thread's channels.
+  std::uint32_t qf[NT][D / 8];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int head = nt * 8 + g;
+    const T* qrow = p.q + (static_cast<std::int64_t>(b) * p.num_q_heads + h * p.group + head) * D;
+#pragma unroll
+    for (int s = 0; s < D / 8; ++s) {
+      qf[nt][s] = head < p.group ? pack2<kmma>(load_float(qrow + kf::k_abs(i, kf::k_channel(s, 0))),
+                                               load_float(qrow + kf::k_abs(i, kf::k_channel(s, 1))))
+                                 : 0U;
+    }
+  }
 
   float o[NT][ksteps][4];
   float m[NT][2];
@@ -619,6 +696,7 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
   int write_stage = stages - 1;
   for (std::int32_t t = 0; t < my_tiles; ++t) {
     cp_async_wait<stages - 2>();
+    __syncwarp(); // the tile's rows were copied by every lane of the warp
     const char* const st = warp_smem + read_stage * sl::bytes;
     std::uint32_t kw[2][kf::k_words];
     std::uint32_t vw[4][vf::v_words];
@@ -628,8 +706,10 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     for (int tk = 0; tk < 2; ++tk) {
 #pragma unroll
       for (int it = 0; it < sl::k_items; ++it) {
-        lds<sl::k_item>(st + sl::k_off + ((tk * sl::k_items + it) * 32 + lane) * sl::k_item,
-                        &kw[tk][it * sl::k_item / 4]);
+        lds<sl::k_item>(
+            st + sl::k_off +
+                sl::template at<sl::k_chunks, sl::k_row>(g + 8 * tk, (4 * it + i) * sl::k_item),
+            &kw[tk][it * sl::k_item / 4]);
       }
 #pragma unroll
       for (int w = 0; w < kf::k_param_words; ++w) {
@@ -640,7 +720,9 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     for (int tv = 0; tv < 4; ++tv) {
 #pragma unroll
       for (int it = 0; it < sl::v_items; ++it) {
-        lds<sl::v_item>(st + sl::v_off + ((tv * sl::v_items + it) * 32 + lane) * sl::v_item,
+        lds<sl::v_item>(st + sl::v_off +
+                            sl::template at<sl::v_chunks, sl::v_row>(
+                                2 * i + (tv & 1) + 8 * (tv >> 1), (8 * it + g) * sl::v_item),
                         &vw[tv][it * sl::v_item / 4]);
       }
       vp[tv] = 0;
@@ -652,10 +734,10 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
 
     // The tile after the ones in flight goes out before this one's arithmetic.
     if (t + stages - 1 < my_tiles) {
-      issue(write_stage, next_page, next_slot);
+      issue(write_stage, next);
     }
     cp_async_commit();
-    locate(t + stages, next_page, next_slot);
+    locate(t + stages, next);
     read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
     write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
 
@@ -706,6 +788,7 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
         x[e] = ks == ks ? y * log2e : -INFINITY;
       }
       float pr[4];
+      float corr[2];
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         float tmax = fmaxf(x[c], x[c + 2]);
@@ -714,15 +797,20 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
         tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFU, tmax, 16));
         const float m_new = fmaxf(m[nt][c], tmax);
         const float m_use = m_new == -INFINITY ? 0.0F : m_new;
-        const float corr = fast_exp2(m[nt][c] - m_use);
+        corr[c] = fast_exp2(m[nt][c] - m_use);
         m[nt][c] = m_new;
         pr[c] = fast_exp2(x[c] - m_use);
         pr[c + 2] = fast_exp2(x[c + 2] - m_use);
-        l[nt][c] = l[nt][c] * corr + pr[c] + pr[c + 2];
+        l[nt][c] = l[nt][c] * corr[c] + pr[c] + pr[c + 2];
+      }
+      // Once the running maxima settle, most tiles change none of them: skip the rescale.
+      if (__any_sync(0xFFFFFFFFU, corr[0] != 1.0F || corr[1] != 1.0F)) {
 #pragma unroll
         for (int j = 0; j < ksteps; ++j) {
-          o[nt][j][c] *= corr;
-          o[nt][j][c + 2] *= corr;
+          o[nt][j][0] *= corr[0];
+          o[nt][j][2] *= corr[0];
+          o[nt][j][1] *= corr[1];
+          o[nt][j][3] *= corr[1];
         }
       }
       if constexpr (vf::per_token) {
@@ -781,7 +869,7 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
       for (int j = 0; j < ksteps; ++j) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int ch = (D / 8) * g + vf::v_channel(j, half);
+          const int ch = vf::v_abs(g, vf::v_channel(j, half));
           red_o[(warp * rows + row) * D + ch] = o[nt][j][c + 2 * half];
         }
       }
@@ -846,26 +934,77 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     return;
   }
   __threadfence();
+  // Each split's weight exp2(lse - max) / sum per head, in shared memory (loaded in parallel),
+  // then every output element as the weighted sum of the splits' partial outputs.
+  constexpr int smem_floats = decode_smem_bytes<K, V, D, NT>() / 4;
+  float* const weight = reinterpret_cast<float*>(smem_raw); // [group][nsplit]
+  float* const head_lse = weight + smem_floats - 16;        // [group]
+  const bool staged = p.group * nsplit <= smem_floats - 16;
+  if (staged) {
+    for (int e = static_cast<int>(threadIdx.x); e < p.group * nsplit; e += decode_warps * 32) {
+      weight[e] = __ldcg(p.part_lse + (row0 + e / nsplit) * p.max_splits + e % nsplit);
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < p.group) {
+      float* const w = weight + threadIdx.x * nsplit;
+      float mx = -INFINITY;
+      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+        mx = fmaxf(mx, w[sp]);
+      }
+      float sum = 0.0F;
+      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+        w[sp] = mx == -INFINITY ? 0.0F : fast_exp2(w[sp] - mx);
+        sum += w[sp];
+      }
+      const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
+      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+        w[sp] *= inv;
+      }
+      head_lse[threadIdx.x] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
+    }
+    __syncthreads();
+  }
   for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
     const int row = e / D;
     const int ch = e % D;
     const std::int64_t prow0 = (row0 + row) * p.max_splits;
-    float mx = -INFINITY;
-    for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-      mx = fmaxf(mx, __ldcg(p.part_lse + prow0 + sp));
-    }
-    float sum = 0.0F;
-    float acc = 0.0F;
-    if (mx != -INFINITY) {
-      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-        const float wt = fast_exp2(__ldcg(p.part_lse + prow0 + sp) - mx);
-        sum += wt;
-        acc += wt * __ldcg(p.part_o + (prow0 + sp) * D + ch);
+    float val = 0.0F;
+    float lse_out = -INFINITY;
+    if (staged) {
+      const float* const w = weight + row * nsplit;
+      float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+      std::int32_t sp = 0;
+      for (; sp + 4 <= nsplit; sp += 4) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          acc[u] += w[sp + u] * __ldcg(p.part_o + (prow0 + sp + u) * D + ch);
+        }
       }
+      for (; sp < nsplit; ++sp) {
+        acc[0] += w[sp] * __ldcg(p.part_o + (prow0 + sp) * D + ch);
+      }
+      val = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+      lse_out = head_lse[row];
+    } else {
+      float mx = -INFINITY;
+      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+        mx = fmaxf(mx, __ldcg(p.part_lse + prow0 + sp));
+      }
+      float sum = 0.0F;
+      float acc = 0.0F;
+      if (mx != -INFINITY) {
+        for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+          const float wt = fast_exp2(__ldcg(p.part_lse + prow0 + sp) - mx);
+          sum += wt;
+          acc += wt * __ldcg(p.part_o + (prow0 + sp) * D + ch);
+        }
+      }
+      val = sum > 0.0F ? acc / sum : 0.0F;
+      lse_out = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
     }
-    p.out[(row0 + row) * D + ch] = store_value<T>((sum > 0.0F ? acc / sum : 0.0F) * v_static);
+    p.out[(row0 + row) * D + ch] = store_value<T>(val * v_static);
     if (ch == 0 && p.lse != nullptr) {
-      p.lse[row0 + row] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
+      p.lse[row0 + row] = lse_out;
     }
   }
 }
@@ -906,10 +1045,21 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   }
   constexpr int smem = decode_smem_bytes<K, V, D, NT>();
   const auto kernel = paged_decode_kernel<Layout, T, D, NT>;
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess) {
+  // The shared-memory limit is raised once per device (a host call per launch would cost more
+  // than a small decode takes on the GPU).
+  static std::atomic<std::uint64_t> raised{0};
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
     return e;
+  }
+  const std::uint64_t bit = device < 64 ? (1ULL << device) : 0;
+  if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
+    if (const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess) {
+      return e;
+    }
+    raised.fetch_or(bit, std::memory_order_acq_rel);
   }
   const dim3 grid(static_cast<unsigned>(plan.max_splits),
                   static_cast<unsigned>(plan.shape.num_kv_heads),

@@ -1,0 +1,340 @@
+// paged_decode throughput: Llama-3-8B attention shapes (8 KV heads, head dim 128, groups 4 and 8)
+// for B in {1, 8, 32, 64, 128} x L in {512, 2048, 8192, 32768}, every codec family, page size 16,
+// plus a page-size sweep (1 to 64). Pages are scattered at random over a cache of 4 M tokens,
+// filled through quantize_pages from random values, and small shapes rotate over disjoint page
+// sets so that no launch finds its keys in the 60 MB L2. Time per call comes from a back-to-back
+// loop of launches between two events (median of 7 loops).
+//
+// Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
+// memcpy of 1 GB from the same run, PyTorch SDPA on contiguous KV of the same shape when
+// KVKIT_SDPA_CSV names the file bench/cuda/sdpa_peer.py wrote in the same run, the target of the
+// shape and the ratios; quantized rows also print their time over bf16's at the same shape.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/bench_cuda_timing.cuh"
+#include "kvkit/cuda/paged_decode.cuh"
+#include "kvkit/cuda/quantize_pages.cuh"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/quant/codecs.hpp"
+
+namespace {
+
+constexpr std::int32_t kv_heads = 8;
+constexpr std::int32_t head_dim = 128;
+constexpr std::int64_t cache_tokens = 128LL * 32768; // the largest shape
+constexpr double rotate_bytes = 512e6;               // keys in flight over all rotations
+
+using shape_key = std::tuple<int, int, int, int>; // B, L, group, page size
+std::map<shape_key, double>& bf16_seconds() {
+  static std::map<shape_key, double> m;
+  return m;
+}
+
+// PyTorch SDPA seconds per (B, L, group) from KVKIT_SDPA_CSV ("B,L,group,seconds,backend").
+const std::map<std::tuple<int, int, int>, double>& sdpa_seconds() {
+  static const std::map<std::tuple<int, int, int>, double> m = [] {
+    std::map<std::tuple<int, int, int>, double> r;
+    const char* path = std::getenv("KVKIT_SDPA_CSV");
+    if (path == nullptr) {
+      return r;
+    }
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::replace(line.begin(), line.end(), ',', ' ');
+      std::istringstream s(line);
+      int b = 0, l = 0, g = 0;
+      double sec = 0;
+      if (s >> b >> l >> g >> sec) {
+        r[{b, l, g}] = sec;
+      }
+    }
+    return r;
+  }();
+  return m;
+}
+
+// A cache of one codec and page size, filled once, kept while consecutive benchmarks use it.
+struct cache_context {
+  std::string name;
+  std::int32_t page_size = 0;
+  std::int64_t bytes_per_page = 0;
+  std::int32_t capacity = 0;
+  std::byte* cache = nullptr;
+  float* scales = nullptr;
+  std::vector<std::int32_t> order; // pages in a random order
+  double memcpy_rate = 0.0;        // bytes/s, read + write, of a 1 GB device copy
+  ~cache_context() {
+    cudaFree(cache);
+    cudaFree(scales);
+  }
+};
+std::unique_ptr<cache_context>& current() {
+  static std::unique_ptr<cache_context> c;
+  return c;
+}
+
+template <class Layout>
+cache_context* context_for(const std::string& name, std::int32_t page_size) {
+  auto& c = current();
+  if (c && c->name == name && c->page_size == page_size) {
+    return c.get();
+  }
+  c.reset();
+  cudaDeviceSynchronize();
+  auto ctx = std::make_unique<cache_context>();
+  ctx->name = name;
+  ctx->page_size = page_size;
+  const Layout layout(page_size, kv_heads, head_dim);
+  ctx->bytes_per_page = layout.bytes_per_page();
+  ctx->capacity = static_cast<std::int32_t>(cache_tokens / page_size);
+  if (cudaMalloc(&ctx->cache, static_cast<std::size_t>(ctx->capacity) *
+                                  static_cast<std::size_t>(ctx->bytes_per_page)) != cudaSuccess ||
+      cudaMalloc(&ctx->scales, 2 * kv_heads * sizeof(float)) != cudaSuccess) {
+    return nullptr;
+  }
+  const std::vector<float> scales(2 * kv_heads, 4.0F / 448.0F);
+  cudaMemcpy(ctx->scales, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice);
+  // Random values (uniform in [-4, 4)) quantized into every page, a batch of pages at a time.
+  const std::int32_t batch = std::max<std::int32_t>(1, 65536 / page_size);
+  const auto elems = static_cast<std::size_t>(batch) * page_size * kv_heads * head_dim;
+  std::vector<__nv_bfloat16> host(elems);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> d(-4.0F, 4.0F);
+  for (auto& x : host) {
+    x = __float2bfloat16(d(rng));
+  }
+  __nv_bfloat16* src = nullptr;
+  std::int32_t* ids = nullptr;
+  cudaMalloc(&src, elems * 2);
+  cudaMalloc(&ids, static_cast<std::size_t>(batch) * 4);
+  cudaMemcpy(src, host.data(), elems * 2, cudaMemcpyHostToDevice);
+  std::vector<std::int32_t> page_ids(static_cast<std::size_t>(batch));
+  for (std::int32_t first = 0; first < ctx->capacity; first += batch) {
+    const std::int32_t n = std::min(batch, ctx->capacity - first);
+    std::iota(page_ids.begin(), page_ids.begin() + n, first);
+    cudaMemcpy(ids, page_ids.data(), static_cast<std::size_t>(n) * 4, cudaMemcpyHostToDevice);
+    const kvkit::cuda::page_batch<Layout, __nv_bfloat16> pb{
+        layout, ctx->cache, ctx->capacity, ids, n, src, src, ctx->scales};
+    (void)kvkit::cuda::quantize_pages(pb, nullptr);
+  }
+  cudaDeviceSynchronize();
+  cudaFree(src);
+  cudaFree(ids);
+  ctx->order.resize(static_cast<std::size_t>(ctx->capacity));
+  std::iota(ctx->order.begin(), ctx->order.end(), 0);
+  std::shuffle(ctx->order.begin(), ctx->order.end(), rng);
+  // The memcpy peer: 1 GB device to device, inside the cache.
+  const std::size_t copy = std::min<std::size_t>(
+      1ULL << 30, static_cast<std::size_t>(ctx->capacity) * ctx->bytes_per_page / 2);
+  const double s = kvkit_bench::median_seconds(
+      [&] { cudaMemcpyAsync(ctx->cache + copy, ctx->cache, copy, cudaMemcpyDeviceToDevice); });
+  ctx->memcpy_rate = 2.0 * static_cast<double>(copy) / s;
+  c = std::move(ctx);
+  return c.get();
+}
+
+template <class Layout>
+void BM_decode(benchmark::State& state, std::string codec, int batch, int len, int group,
+               int page_size) {
+  if (!kvkit_bench::gpu_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  cache_context* ctx = context_for<Layout>(codec, page_size);
+  if (ctx == nullptr) {
+    state.SkipWithError("cache allocation failed");
+    return;
+  }
+  const Layout layout(page_size, kv_heads, head_dim);
+  const std::int32_t q_heads = group * kv_heads;
+  const std::int32_t pages_per_seq = (len + page_size - 1) / page_size;
+  const std::int64_t pages = static_cast<std::int64_t>(batch) * pages_per_seq;
+  // The useful bytes: whole pages' K/V and scales, plus q and out in bf16.
+  const double kv_bytes = static_cast<double>(pages) * static_cast<double>(ctx->bytes_per_page);
+  const double bytes = kv_bytes + 2.0 * batch * q_heads * head_dim * 2;
+  const auto rotations = static_cast<std::int32_t>(std::clamp<std::int64_t>(
+      std::min<std::int64_t>(static_cast<std::int64_t>(rotate_bytes / kv_bytes) + 1,
+                             ctx->capacity / pages),
+      1, 32));
+
+  // Page tables of `rotations` disjoint page sets, one device array each after the other.
+  std::vector<std::int32_t> indptr(static_cast<std::size_t>(batch) + 1);
+  std::vector<std::int32_t> last(static_cast<std::size_t>(batch),
+                                 len - (pages_per_seq - 1) * page_size);
+  for (int b = 0; b <= batch; ++b) {
+    indptr[static_cast<std::size_t>(b)] = b * pages_per_seq;
+  }
+  std::int32_t *d_indptr = nullptr, *d_indices = nullptr, *d_last = nullptr;
+  __nv_bfloat16 *d_q = nullptr, *d_out = nullptr;
+  cudaMalloc(&d_indptr, indptr.size() * 4);
+  cudaMalloc(&d_last, last.size() * 4);
+  cudaMalloc(&d_indices, static_cast<std::size_t>(pages * rotations) * 4);
+  const auto q_elems = static_cast<std::size_t>(batch) * q_heads * head_dim;
+  cudaMalloc(&d_q, q_elems * 2 * static_cast<std::size_t>(rotations));
+  cudaMalloc(&d_out, q_elems * 2 * static_cast<std::size_t>(rotations));
+  cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_last, last.data(), last.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_indices, ctx->order.data(), static_cast<std::size_t>(pages * rotations) * 4,
+             cudaMemcpyHostToDevice);
+  {
+    std::vector<__nv_bfloat16> q(q_elems * static_cast<std::size_t>(rotations));
+    std::mt19937 rng(11);
+    std::normal_distribution<float> d(0.0F, 1.0F);
+    for (auto& x : q) {
+      x = __float2bfloat16(d(rng));
+    }
+    cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice);
+  }
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
+  const kvkit::decode_plan plan =
+      *kvkit::plan_decode({batch, q_heads, kv_heads, head_dim, 0}, lens, sms);
+  std::byte* ws = nullptr;
+  cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 16));
+  cudaMemset(ws, 0, std::max<std::size_t>(plan.workspace_bytes(), 16));
+
+  std::vector<kvkit::cuda::decode_args<Layout, __nv_bfloat16>> args(
+      static_cast<std::size_t>(rotations));
+  for (std::int32_t r = 0; r < rotations; ++r) {
+    auto& a = args[static_cast<std::size_t>(r)];
+    a.layout = layout;
+    a.cache = ctx->cache;
+    a.capacity = ctx->capacity;
+    a.table = kvkit::csr_page_table{d_indptr, d_indices + r * pages, d_last, batch, page_size};
+    a.q = d_q + q_elems * static_cast<std::size_t>(r);
+    a.out = d_out + q_elems * static_cast<std::size_t>(r);
+    a.static_scales = ctx->scales;
+  }
+  int next = 0;
+  const auto launch = [&] {
+    const auto& a = args[static_cast<std::size_t>(next)];
+    next = next + 1 == rotations ? 0 : next + 1;
+    return kvkit::cuda::paged_decode(a, plan, ws, plan.workspace_bytes(), nullptr);
+  };
+  // Calls per timed loop: about 2 ms of work, at least the rotation count.
+  if (const cudaError_t e = launch(); e != cudaSuccess) {
+    state.SkipWithError(cudaGetErrorString(e));
+    return;
+  }
+  const double once = kvkit_bench::median_seconds([&] { (void)launch(); }, 5);
+  const int calls = std::max(rotations, static_cast<int>(std::clamp(2e-3 / once, 4.0, 400.0)));
+  std::vector<double> per_call;
+  cudaEvent_t a, e;
+  cudaEventCreate(&a);
+  cudaEventCreate(&e);
+  for (auto _ : state) {
+    cudaEventRecord(a);
+    cudaError_t err = cudaSuccess;
+    for (int c = 0; c < calls && err == cudaSuccess; ++c) {
+      err = launch();
+    }
+    cudaEventRecord(e);
+    cudaEventSynchronize(e);
+    if (err != cudaSuccess) {
+      state.SkipWithError(cudaGetErrorString(err));
+      break;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, e);
+    per_call.push_back(ms * 1e-3 / calls);
+    state.SetIterationTime(ms * 1e-3 / calls);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(e);
+  if (!per_call.empty()) {
+    std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
+    const double t = per_call[per_call.size() / 2];
+    const double rate = bytes / t;
+    state.counters["us"] = t * 1e6;
+    state.counters["TB/s"] = rate / 1e12;
+    state.counters["memcpy_TB/s"] = ctx->memcpy_rate / 1e12;
+    state.counters["x_memcpy"] = rate / ctx->memcpy_rate;
+    state.counters["splits"] = plan.max_splits;
+    const std::int64_t tokens = static_cast<std::int64_t>(batch) * len;
+    if (batch == 1 && len == 2048) {
+      state.counters["x_target"] = 6e-6 / t; // target: <= 6 us per call
+    } else if (tokens >= 256 * 1024) {
+      state.counters["x_target"] = rate / 4.5e12;
+    } else if ((batch == 8 && len == 8192) || (batch == 32 && len == 2048)) {
+      state.counters["x_target"] = rate / 4.0e12;
+    }
+    const auto sdpa = sdpa_seconds().find({batch, len, group});
+    if (sdpa != sdpa_seconds().end()) {
+      state.counters["sdpa_TB/s"] = bytes / sdpa->second / 1e12;
+      state.counters["x_sdpa"] = sdpa->second / t; // > 1: faster than SDPA on contiguous KV
+    }
+    const shape_key key{batch, len, group, page_size};
+    if (codec == "bf16") {
+      bf16_seconds()[key] = t;
+    } else if (const auto base = bf16_seconds().find(key); base != bf16_seconds().end()) {
+      state.counters["time_vs_bf16"] = t / base->second;
+    }
+  }
+  cudaFree(d_indptr);
+  cudaFree(d_indices);
+  cudaFree(d_last);
+  cudaFree(d_q);
+  cudaFree(d_out);
+  cudaFree(ws);
+}
+
+template <class Layout>
+void register_codec(const std::string& codec, const std::vector<int>& page_sizes, bool full_grid) {
+  for (const int page : page_sizes) {
+    for (const int group : {4, 8}) {
+      for (const int b : {1, 8, 32, 64, 128}) {
+        for (const int l : {512, 2048, 8192, 32768}) {
+          const bool sweep_shape = (b == 8 && l == 8192) || (b == 32 && l == 2048) ||
+                                   (b == 64 && l == 8192) || (b == 1 && l == 2048);
+          if (page != 16 && !sweep_shape) {
+            continue; // other page sizes: the mid, small and one large shape
+          }
+          if (!full_grid && page == 16 && group == 4 && !sweep_shape) {
+            continue;
+          }
+          const std::string name = "paged_decode/" + codec + "/B" + std::to_string(b) + "/L" +
+                                   std::to_string(l) + "/g" + std::to_string(group) + "/p" +
+                                   std::to_string(page);
+          benchmark::RegisterBenchmark(
+              name.c_str(),
+              [=](benchmark::State& s) { BM_decode<Layout>(s, codec, b, l, group, page); })
+              ->UseManualTime()
+              ->Iterations(7)
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+  }
+}
+
+const bool registered = [] {
+  using kvkit::paged_layout;
+  register_codec<paged_layout<kvkit::bf16_codec>>("bf16", {16, 1, 8, 32, 64}, true);
+  register_codec<paged_layout<kvkit::bf16_codec, kvkit::bf16_codec, kvkit::kv_order::hnd>>(
+      "bf16_hnd", {16}, false);
+  register_codec<paged_layout<kvkit::fp8_e4m3_codec>>("fp8_e4m3", {16, 1, 64}, true);
+  register_codec<paged_layout<kvkit::int8_codec>>("int8", {16}, false);
+  register_codec<paged_layout<kvkit::int4_group_codec<32>>>("int4_g32", {16, 1, 64}, true);
+  return true;
+}();
+
+} // namespace
