@@ -13,8 +13,11 @@
 // tokens computed, prefix hit rate, preemptions and memory utilization: the share of reserved KV
 // memory that holds live tokens.
 //
-// This loop plays the engine on the CPU: it runs the scheduler's plans, exports the page table
-// each step and "samples" the trace's output tokens, but computes no attention.
+// The loop plays the engine: it runs the scheduler's plans and "samples" the trace's output
+// tokens; each step the model engine (sim_attention.hpp) executes the copy-on-write copies, writes
+// every computed token's K/V into its slot and runs decode attention over the page table: on a
+// GPU with kvkit's kernels over a model-shaped layer, else with the CPU reference at a reduced
+// size. Decode outputs are checked against a dense recomputation from the tokens.
 
 #include <algorithm>
 #include <array>
@@ -31,6 +34,8 @@
 #include <kvkit/kvkit.hpp>
 #include <kvkit/sched/scheduler.hpp>
 #include <kvkit/testing/prefix_index_archetype.hpp>
+
+#include "sim_attention.hpp"
 
 namespace {
 
@@ -52,7 +57,8 @@ struct options {
   double system_prompt_share = 0.8; // new conversations that start with a shared system prompt
   bool prefix_cache = true;
   bool quiet = false;
-  std::string csv; // per-step series of both runs, for plots
+  std::string engine = "auto"; // auto: the GPU when there is one; gpu; cpu
+  std::string csv;             // per-step series of both runs, for plots
 };
 
 // Per-step series: system, step, running, waiting, reserved tokens, stored tokens, tokens computed.
@@ -135,6 +141,7 @@ struct stats {
   double hit_rate = 0;
   std::int64_t copies = 0;
   bool drained = false;
+  sim::engine_stats engine;
 };
 
 void report_progress(const char* name, const options& o, std::size_t finished, std::size_t total,
@@ -160,6 +167,38 @@ Cache make_cache(kvkit::block_pool& pool, std::int32_t block_size) {
 // kvkit: the scheduler decides every step (continuous batching, chunked prefill, prefix-cache
 // admission, preemption by recompute); this loop plays the engine. The model's "samples" are the
 // trace's output tokens, so a preempted and recomputed request produces the same tokens.
+#if !defined(KVKIT_SIM_GPU)
+} // namespace
+namespace sim {
+std::unique_ptr<engine> make_gpu_engine(std::int32_t, std::int32_t, model_shape, std::int32_t,
+                                        std::string& why) {
+  why = "this build has no CUDA";
+  return nullptr;
+}
+} // namespace sim
+namespace {
+#endif
+
+// The model engine: GPU kernels on a Llama-3-8B-shaped layer when a GPU is there (unless --engine
+// cpu), else the CPU reference on 2 KV heads x 32 channels, two decode sequences a step.
+std::unique_ptr<sim::engine> make_engine(const options& o, std::int32_t capacity) {
+  std::string why = "--engine cpu";
+  if (o.engine != "cpu") {
+    auto gpu = sim::make_gpu_engine(capacity, o.block_size, {8, 4, 128}, o.max_running, why);
+    if (gpu != nullptr) {
+      return gpu;
+    }
+    if (o.engine == "gpu") {
+      std::fprintf(stderr, "no GPU engine: %s\n", why.c_str());
+      std::exit(2);
+    }
+  }
+  if (!o.quiet) {
+    std::printf("model engine: CPU reference (%s)\n", why.c_str());
+  }
+  return std::make_unique<sim::cpu_engine>(capacity, o.block_size, sim::model_shape{2, 2, 32}, 2);
+}
+
 template <class Cache>
 stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::FILE* csv) {
   using table_t = kvkit::block_table<kvkit::block_pool>;
@@ -180,6 +219,14 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
   std::vector<std::int32_t> indptr, indices, last;
   std::vector<std::array<token_id, 1>> sampled;
   std::vector<kvkit::sample_result> samples;
+  auto engine = make_engine(o, pool.capacity());
+  // What the engine needs per step: token history per request, slots, decode page table.
+  std::vector<std::vector<token_id>> history(trace.size());
+  std::vector<std::int64_t> slots;
+  std::vector<std::int32_t> query_lens, positions, d_indptr, d_indices, d_last, q_positions;
+  std::vector<token_id> tokens, q_tokens;
+  std::vector<kvkit::seq_id> decoding;
+  std::vector<const std::vector<token_id>*> histories;
   std::size_t next_arrival = 0;
   std::size_t finished = 0;
   std::size_t next_report = trace.size() / 10;
@@ -192,6 +239,8 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
         std::fprintf(stderr, "request %zu rejected: %s\n", next_arrival,
                      std::string(kvkit::to_string(added.error())).c_str());
         ++finished;
+      } else {
+        history[next_arrival] = r.prompt;
       }
       ++next_arrival;
     }
@@ -215,6 +264,39 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
         samples.push_back({b.id, sampled[i], false});
       }
     }
+    // The model: copies, K/V of every computed token, decode attention.
+    query_lens.clear();
+    tokens.clear();
+    positions.clear();
+    decoding.clear();
+    q_tokens.clear();
+    q_positions.clear();
+    histories.clear();
+    for (const auto& b : plan.batch) {
+      const auto& h = history[static_cast<std::size_t>(b.id)];
+      query_lens.push_back(b.num_tokens);
+      for (std::int32_t p = b.first_position; p < b.first_position + b.num_tokens; ++p) {
+        tokens.push_back(h[static_cast<std::size_t>(p)]);
+        positions.push_back(p);
+      }
+      if (b.decode) {
+        decoding.push_back(b.id);
+        q_tokens.push_back(h[static_cast<std::size_t>(b.first_position)]);
+        q_positions.push_back(b.first_position);
+        histories.push_back(&h);
+      }
+    }
+    slots.resize(tokens.size());
+    d_indptr.resize(decoding.size() + 1);
+    d_last.resize(decoding.size());
+    d_indices.resize(static_cast<std::size_t>(*table.csr_size(decoding)));
+    if (!table.export_slot_mapping(batch, query_lens, slots).ok() ||
+        !table.export_csr(decoding, d_indptr, d_indices, d_last).ok()) {
+      std::fprintf(stderr, "slot mapping or page-table export failed\n");
+      std::exit(1);
+    }
+    engine->step({plan.copies, slots, tokens, positions, d_indptr, d_indices, d_last, q_tokens,
+                  q_positions, histories});
     indptr.resize(batch.size() + 1);
     last.resize(batch.size());
     indices.resize(static_cast<std::size_t>(*table.csr_size(batch)));
@@ -257,6 +339,12 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
       std::exit(1);
     }
     finished += done->size();
+    for (const auto& s : samples) {
+      history[static_cast<std::size_t>(s.id)].push_back(s.tokens[0]);
+    }
+    for (const auto& f : *done) {
+      history[static_cast<std::size_t>(f.id)] = {}; // finished: free its history
+    }
     st.steps = step + 1;
     report_progress("kvkit paged", o, finished, trace.size(), next_report, step,
                     sched.num_running(), sched.num_waiting());
@@ -268,6 +356,7 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
   }
   st.preemptions = sched.num_preemptions();
   st.drained = pool.num_used() == 0 && table.num_sequences() == 0;
+  st.engine = engine->stats();
   return st;
 }
 
@@ -361,13 +450,16 @@ bool parse(int argc, char** argv, options& o) {
       o.prefill_chunk = std::atoi(v);
     } else if (a == "--follow-ups") {
       o.follow_up_share = std::atof(v);
+    } else if (a == "--engine") {
+      o.engine = v;
     } else {
       return false;
     }
   }
-  return o.requests > 0 && o.block_size > 0 && o.max_len >= 64 && o.kv_tokens >= 2 * o.max_len &&
-         o.max_running > 0 && o.max_batched_tokens > 0 && o.prefill_chunk > 0 &&
-         o.arrivals_per_step > 0 && o.follow_up_share >= 0 && o.follow_up_share <= 1;
+  return (o.engine == "auto" || o.engine == "gpu" || o.engine == "cpu") && o.requests > 0 &&
+         o.block_size > 0 && o.max_len >= 64 && o.kv_tokens >= 2 * o.max_len && o.max_running > 0 &&
+         o.max_batched_tokens > 0 && o.prefill_chunk > 0 && o.arrivals_per_step > 0 &&
+         o.follow_up_share >= 0 && o.follow_up_share <= 1;
 }
 
 } // namespace
@@ -381,6 +473,7 @@ int main(int argc, char** argv) {
                  "                   [--max-len L] [--max-running R] [--arrival-rate A]\n"
                  "                   [--max-batched-tokens T] [--prefill-chunk C]\n"
                  "                   [--follow-ups F] [--no-prefix-cache] [--csv FILE] [--quiet]\n"
+                 "                   [--engine auto|gpu|cpu]\n"
                  "  kv-tokens >= 2 x max-len, max-len >= 64, 0 <= follow-ups <= 1\n");
     return 2;
   }
@@ -393,7 +486,7 @@ int main(int argc, char** argv) {
   }
   mean_prompt /= static_cast<double>(trace.size());
   mean_output /= static_cast<double>(trace.size());
-  std::printf("kvkit serving simulation (CPU; no attention is computed)\n");
+  std::printf("kvkit serving simulation\n");
   std::printf("trace: %d requests, seed %llu, %.2f arrivals/step, %.0f%% follow-up turns, mean "
               "prompt %.0f, mean output %.0f tokens\n",
               o.requests, static_cast<unsigned long long>(o.seed), o.arrivals_per_step,
@@ -443,8 +536,25 @@ int main(int argc, char** argv) {
   std::printf("utilization = tokens held in reserved KV memory / reserved KV slots, averaged over "
               "steps (a shared block counts once); %lld copy-on-write page copies.\n",
               static_cast<long long>(paged.copies));
+  const sim::engine_stats& e = paged.engine;
+  std::printf("\nmodel engine: %s\n", e.name.c_str());
+  std::printf("  K/V written for %lld tokens, decode attention for %lld; %lld decode outputs "
+              "checked against a dense float64 recomputation from the tokens: max relative error "
+              "%.2e\n",
+              static_cast<long long>(e.written_tokens), static_cast<long long>(e.decode_tokens),
+              static_cast<long long>(e.checked), e.max_rel_error);
+  if (e.kernel_seconds > 0) {
+    std::printf("  device time: %.1f ms in all (copies, K/V writes, decode); decode %.1f ms, "
+                "%.2f TB/s of K/V read\n",
+                e.kernel_seconds * 1e3, e.decode_seconds * 1e3,
+                e.decode_bytes / std::max(e.decode_seconds, 1e-12) / 1e12);
+  }
   if (!paged.drained || !base.drained) {
     std::fprintf(stderr, "error: KV memory not fully returned at the end\n");
+    return 1;
+  }
+  if (!(e.max_rel_error < 2e-2) || (e.decode_tokens > 0 && e.checked == 0)) {
+    std::fprintf(stderr, "error: decode attention disagrees with the dense recomputation\n");
     return 1;
   }
   return 0;

@@ -171,7 +171,8 @@ TEST_CASE("pages smaller than a warp's chunks quantize correctly", "[cuda][quant
       {3, 1, 128}, 5, seed + 2);
 }
 
-TEST_CASE("conversions on the device match the device's own instructions", "[cuda][quant]") {
+TEST_CASE("conversions on the device match the device's own instructions",
+          "[cuda][quant][conversions]") {
   const std::uint64_t seed = kvkit_test::test_seed(7);
   INFO("seed " << seed);
   CHECK(kvkit_test::device_conversion_mismatches(seed, 64'000'000) == 0);

@@ -1,0 +1,248 @@
+#pragma once
+// The serving simulation's model: what the engine does with the scheduler's plan each step.
+//
+// K, V and queries are synthetic but deterministic functions of (token id, position), like a
+// model's: a prompt block served from the prefix cache must hold exactly what recomputing it
+// would write. Each step the engine executes the plan's copy-on-write copies, writes the K/V of
+// every computed token into its slot (the slot mapping from block_table), and runs decode
+// attention for the sequences that decode (the CSR page table from block_table). Prefill
+// attention is not computed (kvkit has no prefill kernel yet); prefill tokens are written.
+//
+// Two engines: the GPU one (sim_attention_gpu.cu: copy_blocks, write_kv and paged_decode over a
+// model-shaped bf16 cache of one layer), and a CPU one (kvkit::reference::paged_decode over a
+// reduced head count and width, a few decode sequences a step). Both check decode outputs
+// against a dense float64 attention recomputed from the sequences' tokens, so a wrong slot, a
+// stale shared block or a missed copy shows as an error.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <kvkit/kvkit.hpp>
+#include <kvkit/reference/paged_attention.hpp>
+
+namespace sim {
+
+// What one step asks of the engine. Tokens are listed per computed token (all sequences of the
+// batch, concatenated); decode sequences are those whose attention runs this step.
+struct step_work {
+  std::span<const kvkit::block_copy> copies; // copy-on-write, before anything else
+  std::span<const std::int64_t> slots;       // per computed token: block * block_size + offset
+  std::span<const kvkit::token_id> tokens;   // per computed token
+  std::span<const std::int32_t> positions;   // per computed token
+  // Decode sequences: CSR page table, and their query token and position.
+  std::span<const std::int32_t> indptr, indices, last_page_len;
+  std::span<const kvkit::token_id> query_tokens;
+  std::span<const std::int32_t> query_positions;
+  // The full token history of each decode sequence (for the dense check), by batch index.
+  std::span<const std::vector<kvkit::token_id>* const> histories;
+};
+
+struct engine_stats {
+  std::string name;
+  std::int64_t written_tokens = 0;
+  std::int64_t decode_tokens = 0; // decode attention computed
+  std::int64_t checked = 0;       // decode outputs checked against the dense recomputation
+  double max_rel_error = 0.0;     // worst relative error of a checked output
+  double kernel_seconds = 0.0;    // device time of copies + writes + decode (GPU engine)
+  double decode_bytes = 0.0;      // K/V bytes the decode kernels read
+  double decode_seconds = 0.0;    // device time of the decode kernels alone
+};
+
+class engine {
+public:
+  virtual ~engine() = default;
+  virtual void step(const step_work& w) = 0;
+  [[nodiscard]] virtual const engine_stats& stats() const = 0;
+};
+
+// Model shape of an engine.
+struct model_shape {
+  std::int32_t kv_heads;
+  std::int32_t group; // query heads per KV head
+  std::int32_t head_dim;
+};
+
+// Synthetic activations, the same on host and device: uniform in [-1, 1).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    inline float
+    synth(std::uint32_t token, std::int32_t position, std::uint32_t what, std::int32_t head,
+          std::int32_t channel) {
+  std::uint32_t x = token * 0x9E3779B1U ^ static_cast<std::uint32_t>(position) * 0x85EBCA77U ^
+                    (what * 65536U + static_cast<std::uint32_t>(head) * 1024U +
+                     static_cast<std::uint32_t>(channel)) *
+                        0xC2B2AE3DU;
+  x ^= x >> 16;
+  x *= 0x7FEB352DU;
+  x ^= x >> 15;
+  x *= 0x846CA68BU;
+  x ^= x >> 16;
+  return static_cast<float>(x >> 8) * (2.0F / 16777216.0F) - 1.0F;
+}
+inline constexpr std::uint32_t synth_k = 0;
+inline constexpr std::uint32_t synth_v = 1;
+inline constexpr std::uint32_t synth_q = 2;
+
+// Relative error of `out` ([q_heads][head_dim]) against dense float64 attention of the query at
+// position len-1 over the sequence's K/V as the cache stores them (rounded to bf16), in one pass
+// with a running maximum.
+inline double dense_check(const model_shape& m, const std::vector<kvkit::token_id>& history,
+                          std::int32_t len, const float* out) {
+  const std::int32_t qh = m.kv_heads * m.group;
+  const auto d = static_cast<std::size_t>(m.head_dim);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(m.head_dim));
+  const auto bf16 = [](float x) {
+    return static_cast<double>(kvkit::bf16_bits_to_float(kvkit::float_to_bf16_bits(x)));
+  };
+  const auto tok = [&](std::int32_t p) {
+    return static_cast<std::uint32_t>(history[static_cast<std::size_t>(p)]);
+  };
+  std::vector<double> q(static_cast<std::size_t>(qh) * d),
+      k(static_cast<std::size_t>(m.kv_heads) * d), v(k.size()), acc(q.size(), 0.0),
+      mx(static_cast<std::size_t>(qh), -1e300), z(static_cast<std::size_t>(qh), 0.0);
+  for (std::int32_t h = 0; h < qh; ++h) {
+    for (std::size_t c = 0; c < d; ++c) {
+      q[static_cast<std::size_t>(h) * d + c] =
+          bf16(synth(tok(len - 1), len - 1, synth_q, h, static_cast<std::int32_t>(c)));
+    }
+  }
+  for (std::int32_t t = 0; t < len; ++t) {
+    for (std::int32_t h = 0; h < m.kv_heads; ++h) {
+      for (std::size_t c = 0; c < d; ++c) {
+        k[static_cast<std::size_t>(h) * d + c] =
+            bf16(synth(tok(t), t, synth_k, h, static_cast<std::int32_t>(c)));
+        v[static_cast<std::size_t>(h) * d + c] =
+            bf16(synth(tok(t), t, synth_v, h, static_cast<std::int32_t>(c)));
+      }
+    }
+    for (std::int32_t h = 0; h < qh; ++h) {
+      const double* kh = k.data() + static_cast<std::size_t>(h / m.group) * d;
+      const double* vh = v.data() + static_cast<std::size_t>(h / m.group) * d;
+      double dot = 0.0;
+      for (std::size_t c = 0; c < d; ++c) {
+        dot += q[static_cast<std::size_t>(h) * d + c] * kh[c];
+      }
+      const double l = dot * scale;
+      const auto hs = static_cast<std::size_t>(h);
+      const double m_new = std::max(mx[hs], l);
+      const double corr = std::exp(mx[hs] - m_new);
+      const double p = std::exp(l - m_new);
+      z[hs] = z[hs] * corr + p;
+      for (std::size_t c = 0; c < d; ++c) {
+        acc[hs * d + c] = acc[hs * d + c] * corr + p * vh[c];
+      }
+      mx[hs] = m_new;
+    }
+  }
+  double num = 0.0;
+  double den = 0.0;
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    const double ref = acc[i] / z[i / d];
+    num += (out[i] - ref) * (out[i] - ref);
+    den += ref * ref;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// The CPU engine: a bf16 paged cache of `capacity` pages in host memory, K/V written element by
+// element, kvkit::reference::paged_decode for up to `per_step` decode sequences a step (in turn).
+class cpu_engine final : public engine {
+public:
+  cpu_engine(std::int32_t capacity, std::int32_t block_size, model_shape m, std::int32_t per_step)
+      : m_(m), layout_(block_size, m.kv_heads, m.head_dim), per_step_(per_step) {
+    cache_.assign(static_cast<std::size_t>(capacity) *
+                      static_cast<std::size_t>(layout_.bytes_per_page()),
+                  std::byte{0});
+    capacity_ = capacity;
+    stats_.name = "CPU reference (kvkit::reference::paged_decode), " + std::to_string(m.kv_heads) +
+                  " KV heads x " + std::to_string(m.head_dim) + ", group " +
+                  std::to_string(m.group) + ", " + std::to_string(per_step) +
+                  " decode sequences a step";
+  }
+
+  void step(const step_work& w) override {
+    const auto bpp = static_cast<std::size_t>(layout_.bytes_per_page());
+    for (const auto& c : w.copies) {
+      std::copy_n(cache_.begin() + static_cast<std::ptrdiff_t>(c.src * bpp), bpp,
+                  cache_.begin() + static_cast<std::ptrdiff_t>(c.dst * bpp));
+    }
+    const std::int32_t bs = layout_.page_size();
+    for (std::size_t i = 0; i < w.slots.size(); ++i) {
+      std::byte* page = cache_.data() + static_cast<std::size_t>(w.slots[i] / bs) * bpp;
+      const auto slot = static_cast<std::int32_t>(w.slots[i] % bs);
+      for (std::int32_t h = 0; h < m_.kv_heads; ++h) {
+        for (std::int32_t c = 0; c < m_.head_dim; ++c) {
+          const auto tok = static_cast<std::uint32_t>(w.tokens[i]);
+          put(page + layout_.k_data_offset(), layout_.element_index(slot, h, c),
+              synth(tok, w.positions[i], synth_k, h, c));
+          put(page + layout_.v_data_offset(), layout_.element_index(slot, h, c),
+              synth(tok, w.positions[i], synth_v, h, c));
+        }
+      }
+    }
+    stats_.written_tokens += static_cast<std::int64_t>(w.slots.size());
+    // Decode attention for a few sequences, in turn, each checked against the dense version.
+    const auto n = static_cast<std::int32_t>(w.query_tokens.size());
+    const std::int32_t qh = m_.kv_heads * m_.group;
+    for (std::int32_t k = 0; k < std::min(n, per_step_); ++k) {
+      const std::int32_t b = static_cast<std::int32_t>((next_ + static_cast<std::uint64_t>(k)) %
+                                                       static_cast<std::uint64_t>(n));
+      const std::int32_t one_ptr[2] = {0, w.indptr[static_cast<std::size_t>(b) + 1] -
+                                              w.indptr[static_cast<std::size_t>(b)]};
+      const kvkit::csr_page_table t{one_ptr,
+                                    w.indices.data() + w.indptr[static_cast<std::size_t>(b)],
+                                    w.last_page_len.data() + b, 1, bs};
+      std::vector<float> q(static_cast<std::size_t>(qh * m_.head_dim));
+      std::vector<float> out(q.size());
+      const auto tok = static_cast<std::uint32_t>(w.query_tokens[static_cast<std::size_t>(b)]);
+      const std::int32_t pos = w.query_positions[static_cast<std::size_t>(b)];
+      for (std::int32_t h = 0; h < qh; ++h) {
+        for (std::int32_t c = 0; c < m_.head_dim; ++c) {
+          q[static_cast<std::size_t>(h * m_.head_dim + c)] =
+              kvkit::bf16_bits_to_float(kvkit::float_to_bf16_bits(synth(tok, pos, synth_q, h, c)));
+        }
+      }
+      if (!kvkit::reference::paged_decode(layout_, cache_.data(), capacity_, t, q.data(), qh,
+                                          out.data())
+               .ok()) {
+        stats_.max_rel_error = INFINITY;
+        continue;
+      }
+      ++stats_.decode_tokens;
+      const double err =
+          dense_check(m_, *w.histories[static_cast<std::size_t>(b)], pos + 1, out.data());
+      ++stats_.checked;
+      stats_.max_rel_error = std::max(stats_.max_rel_error, err);
+    }
+    next_ += static_cast<std::uint64_t>(std::min(n, per_step_));
+  }
+  [[nodiscard]] const engine_stats& stats() const override { return stats_; }
+
+private:
+  static void put(std::byte* region, std::int64_t index, float x) {
+    const std::uint16_t bits = kvkit::float_to_bf16_bits(x);
+    std::memcpy(region + index * 2, &bits, 2);
+  }
+
+  model_shape m_;
+  kvkit::paged_layout<kvkit::bf16_codec> layout_;
+  std::int32_t per_step_;
+  std::int32_t capacity_ = 0;
+  std::vector<std::byte> cache_;
+  std::uint64_t next_ = 0;
+  engine_stats stats_;
+};
+
+// The GPU engine (sim_attention_gpu.cu), or null when this build has no CUDA or the machine no
+// GPU; `why` says which.
+std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t block_size,
+                                        model_shape m, std::int32_t max_batch, std::string& why);
+
+} // namespace sim

@@ -1,0 +1,243 @@
+// The serving simulation's GPU engine: one model-shaped layer (bf16 K/V in pages) driven by the
+// scheduler's plans through copy_blocks, write_kv and paged_decode.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <kvkit/cuda/copy_blocks.cuh>
+#include <kvkit/cuda/paged_decode.cuh>
+#include <kvkit/cuda/write_kv.cuh>
+
+#include "sim_attention.hpp"
+
+namespace sim {
+
+namespace {
+
+// K, V or q rows of `n` tokens: [n][heads][dim], synthetic values rounded to bf16.
+__global__ void synth_rows(const kvkit::token_id* tokens, const std::int32_t* positions,
+                           std::int32_t n, std::uint32_t what, std::int32_t heads, std::int32_t dim,
+                           __nv_bfloat16* out) {
+  const std::int64_t total = static_cast<std::int64_t>(n) * heads * dim;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const auto t = static_cast<std::int32_t>(e / (heads * dim));
+    const auto h = static_cast<std::int32_t>(e / dim % heads);
+    const auto c = static_cast<std::int32_t>(e % dim);
+    out[e] =
+        __float2bfloat16_rn(synth(static_cast<std::uint32_t>(tokens[t]), positions[t], what, h, c));
+  }
+}
+
+// A device array that grows on demand (contents are not kept).
+template <class T>
+struct device_vec {
+  T* ptr = nullptr;
+  std::size_t size = 0;
+  ~device_vec() { cudaFree(ptr); }
+  cudaError_t reserve(std::size_t n) {
+    if (n <= size) {
+      return cudaSuccess;
+    }
+    cudaFree(ptr);
+    ptr = nullptr;
+    size = 0;
+    const cudaError_t e = cudaMalloc(&ptr, n * sizeof(T));
+    if (e == cudaSuccess) {
+      size = n;
+    }
+    return e;
+  }
+  cudaError_t upload(std::span<const T> h, cudaStream_t s) {
+    if (const cudaError_t e = reserve(std::max<std::size_t>(h.size(), 1)); e != cudaSuccess) {
+      return e;
+    }
+    return h.empty() ? cudaSuccess
+                     : cudaMemcpyAsync(ptr, h.data(), h.size_bytes(), cudaMemcpyHostToDevice, s);
+  }
+};
+
+class gpu_engine final : public engine {
+public:
+  using layout_t = kvkit::paged_layout<kvkit::bf16_codec>;
+
+  gpu_engine(std::int32_t capacity, std::int32_t block_size, model_shape m, std::int32_t max_batch)
+      : m_(m), layout_(block_size, m.kv_heads, m.head_dim), capacity_(capacity) {
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, 0);
+    sm_count_ = prop.multiProcessorCount;
+    stats_.name = std::string("GPU: ") + prop.name + ", one layer of " +
+                  std::to_string(m.kv_heads * m.group) + " query / " + std::to_string(m.kv_heads) +
+                  " KV heads x " + std::to_string(m.head_dim) + ", bf16 pages";
+    check(cudaStreamCreate(&stream_));
+    check(cudaEventCreate(&start_));
+    check(cudaEventCreate(&stop_));
+    check(cudaEventCreate(&decode_start_));
+    check(cudaEventCreate(&decode_stop_));
+    check(cache_.reserve(static_cast<std::size_t>(capacity) *
+                         static_cast<std::size_t>(layout_.bytes_per_page())));
+    check(cudaMemsetAsync(cache_.ptr, 0, cache_.size, stream_));
+    std::byte* layer = cache_.ptr;
+    check(layers_.upload(std::span<std::byte* const>(&layer, 1), stream_));
+    check(cudaStreamSynchronize(stream_));
+    (void)max_batch;
+  }
+  ~gpu_engine() override {
+    cudaStreamDestroy(stream_);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaEventDestroy(decode_start_);
+    cudaEventDestroy(decode_stop_);
+  }
+
+  void step(const step_work& w) override {
+    if (failed_) {
+      return;
+    }
+    check(cudaEventRecord(start_, stream_));
+    if (!w.copies.empty()) {
+      check(pairs_.upload(w.copies, stream_));
+      const kvkit::cuda::page_copies c{layers_.ptr, layers_.ptr,
+                                       1,           layout_.bytes_per_page(),
+                                       pairs_.ptr,  static_cast<std::int32_t>(w.copies.size())};
+      check(kvkit::cuda::copy_blocks(c, stream_));
+    }
+    const auto n = static_cast<std::int32_t>(w.slots.size());
+    if (n > 0) {
+      check(slots_.upload(w.slots, stream_));
+      check(tokens_.upload(w.tokens, stream_));
+      check(positions_.upload(w.positions, stream_));
+      const auto elems = static_cast<std::size_t>(n) * m_.kv_heads * m_.head_dim;
+      check(k_.reserve(elems));
+      check(v_.reserve(elems));
+      synth_rows<<<264, 256, 0, stream_>>>(tokens_.ptr, positions_.ptr, n, synth_k, m_.kv_heads,
+                                           m_.head_dim, k_.ptr);
+      synth_rows<<<264, 256, 0, stream_>>>(tokens_.ptr, positions_.ptr, n, synth_v, m_.kv_heads,
+                                           m_.head_dim, v_.ptr);
+      check(cudaGetLastError());
+      const kvkit::cuda::kv_write<layout_t, __nv_bfloat16> kw{
+          layout_, cache_.ptr, capacity_, slots_.ptr, n, k_.ptr, v_.ptr, nullptr};
+      check(kvkit::cuda::write_kv(kw, stream_));
+      stats_.written_tokens += n;
+    }
+    const auto batch = static_cast<std::int32_t>(w.query_tokens.size());
+    const std::int32_t qh = m_.kv_heads * m_.group;
+    bool decoded = false;
+    if (batch > 0) {
+      lens_.resize(static_cast<std::size_t>(batch));
+      double bytes = 0.0;
+      for (std::int32_t b = 0; b < batch; ++b) {
+        const auto i = static_cast<std::size_t>(b);
+        const std::int32_t pages = w.indptr[i + 1] - w.indptr[i];
+        lens_[i] = (pages - 1) * layout_.page_size() + w.last_page_len[i];
+        bytes += static_cast<double>(lens_[i]) * m_.kv_heads * m_.head_dim * 2 * 2;
+      }
+      const auto plan =
+          kvkit::plan_decode({batch, qh, m_.kv_heads, m_.head_dim, 0}, lens_, sm_count_);
+      if (!plan.ok()) {
+        fail("decode plan rejected");
+        return;
+      }
+      if (plan->workspace_bytes() > workspace_.size) {
+        check(workspace_.reserve(plan->workspace_bytes()));
+        check(cudaMemsetAsync(workspace_.ptr, 0, workspace_.size, stream_));
+      }
+      check(indptr_.upload(w.indptr, stream_));
+      check(indices_.upload(w.indices, stream_));
+      check(last_.upload(w.last_page_len, stream_));
+      check(q_tokens_.upload(w.query_tokens, stream_));
+      check(q_positions_.upload(w.query_positions, stream_));
+      const auto q_elems = static_cast<std::size_t>(batch) * qh * m_.head_dim;
+      check(q_.reserve(q_elems));
+      check(out_.reserve(q_elems));
+      synth_rows<<<264, 256, 0, stream_>>>(q_tokens_.ptr, q_positions_.ptr, batch, synth_q, qh,
+                                           m_.head_dim, q_.ptr);
+      check(cudaGetLastError());
+      kvkit::cuda::decode_args<layout_t, __nv_bfloat16> a;
+      a.layout = layout_;
+      a.cache = cache_.ptr;
+      a.capacity = capacity_;
+      a.table =
+          kvkit::csr_page_table{indptr_.ptr, indices_.ptr, last_.ptr, batch, layout_.page_size()};
+      a.q = q_.ptr;
+      a.out = out_.ptr;
+      check(cudaEventRecord(decode_start_, stream_));
+      check(kvkit::cuda::paged_decode(a, *plan, workspace_.ptr, workspace_.size, stream_));
+      check(cudaEventRecord(decode_stop_, stream_));
+      stats_.decode_tokens += batch;
+      stats_.decode_bytes += bytes;
+      decoded = true;
+    }
+    check(cudaEventRecord(stop_, stream_));
+    check(cudaEventSynchronize(stop_));
+    float ms = 0.0F;
+    check(cudaEventElapsedTime(&ms, start_, stop_));
+    stats_.kernel_seconds += ms * 1e-3;
+    if (decoded) {
+      check(cudaEventElapsedTime(&ms, decode_start_, decode_stop_));
+      stats_.decode_seconds += ms * 1e-3;
+      // Every 16th decode step, one sequence's output against the dense recomputation.
+      if (steps_++ % 16 == 0) {
+        const std::size_t b =
+            static_cast<std::size_t>(steps_ / 16) % static_cast<std::size_t>(batch);
+        std::vector<__nv_bfloat16> o(static_cast<std::size_t>(qh * m_.head_dim));
+        check(cudaMemcpy(o.data(), out_.ptr + b * o.size(), o.size() * 2, cudaMemcpyDeviceToHost));
+        std::vector<float> of(o.size());
+        for (std::size_t i = 0; i < o.size(); ++i) {
+          of[i] = __bfloat162float(o[i]);
+        }
+        const double err = dense_check(m_, *w.histories[b], w.query_positions[b] + 1, of.data());
+        ++stats_.checked;
+        stats_.max_rel_error = std::max(stats_.max_rel_error, err);
+      }
+    }
+  }
+  [[nodiscard]] const engine_stats& stats() const override { return stats_; }
+
+private:
+  void check(cudaError_t e) {
+    if (e != cudaSuccess) {
+      fail(cudaGetErrorString(e));
+    }
+  }
+  void fail(const char* why) {
+    if (!failed_) {
+      failed_ = true;
+      stats_.name += std::string(" -- FAILED: ") + why;
+      stats_.max_rel_error = INFINITY;
+    }
+  }
+
+  model_shape m_;
+  layout_t layout_;
+  std::int32_t capacity_;
+  std::int32_t sm_count_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr, decode_start_ = nullptr, decode_stop_ = nullptr;
+  device_vec<std::byte> cache_, workspace_;
+  device_vec<std::byte*> layers_;
+  device_vec<kvkit::block_copy> pairs_;
+  device_vec<std::int64_t> slots_;
+  device_vec<kvkit::token_id> tokens_, q_tokens_;
+  device_vec<std::int32_t> positions_, q_positions_, indptr_, indices_, last_;
+  device_vec<__nv_bfloat16> k_, v_, q_, out_;
+  std::vector<std::int32_t> lens_;
+  std::uint64_t steps_ = 0;
+  bool failed_ = false;
+  engine_stats stats_;
+};
+
+} // namespace
+
+std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t block_size,
+                                        model_shape m, std::int32_t max_batch, std::string& why) {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
+    return nullptr;
+  }
+  return std::make_unique<gpu_engine>(capacity, block_size, m, max_batch);
+}
+
+} // namespace sim
