@@ -38,16 +38,21 @@ double median_seconds(F&& fn, int reps = 15) {
   return t[static_cast<std::size_t>(reps / 2)] * 1e-3;
 }
 
-// The benchmark loop of a GPU launch: times each iteration of `launch` (which returns the launch's
-// cudaError_t) with CUDA events and reports it as manual time; stops with an error on failure.
+// The benchmark loop of GPU launches: each iteration times `calls` back-to-back calls of `launch`
+// (which returns the launch's cudaError_t) between two CUDA events and reports the time per call
+// as manual time; stops with an error on failure. Returns the per-call seconds of each iteration.
 template <class Launch>
-void time_launches(benchmark::State& state, Launch&& launch) {
+std::vector<double> time_launches(benchmark::State& state, Launch&& launch, int calls = 1) {
+  std::vector<double> per_call;
   cudaEvent_t a, e;
   cudaEventCreate(&a);
   cudaEventCreate(&e);
   for (auto _ : state) {
     cudaEventRecord(a);
-    const cudaError_t err = launch();
+    cudaError_t err = cudaSuccess;
+    for (int c = 0; c < calls && err == cudaSuccess; ++c) {
+      err = launch();
+    }
     cudaEventRecord(e);
     cudaEventSynchronize(e);
     if (err != cudaSuccess) {
@@ -56,10 +61,12 @@ void time_launches(benchmark::State& state, Launch&& launch) {
     }
     float ms = 0;
     cudaEventElapsedTime(&ms, a, e);
-    state.SetIterationTime(ms * 1e-3);
+    per_call.push_back(ms * 1e-3 / calls);
+    state.SetIterationTime(per_call.back());
   }
   cudaEventDestroy(a);
   cudaEventDestroy(e);
+  return per_call;
 }
 
 // Counters of a bandwidth benchmark: effective bytes/s, the same-run memcpy peer (TB/s) and the

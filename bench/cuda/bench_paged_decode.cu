@@ -237,29 +237,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   }
   const double once = kvkit_bench::median_seconds([&] { (void)launch(); }, 5);
   const int calls = std::max(rotations, static_cast<int>(std::clamp(2e-3 / once, 4.0, 400.0)));
-  std::vector<double> per_call;
-  cudaEvent_t a, e;
-  cudaEventCreate(&a);
-  cudaEventCreate(&e);
-  for (auto _ : state) {
-    cudaEventRecord(a);
-    cudaError_t err = cudaSuccess;
-    for (int c = 0; c < calls && err == cudaSuccess; ++c) {
-      err = launch();
-    }
-    cudaEventRecord(e);
-    cudaEventSynchronize(e);
-    if (err != cudaSuccess) {
-      state.SkipWithError(cudaGetErrorString(err));
-      break;
-    }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, e);
-    per_call.push_back(ms * 1e-3 / calls);
-    state.SetIterationTime(ms * 1e-3 / calls);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(e);
+  std::vector<double> per_call = kvkit_bench::time_launches(state, launch, calls);
   if (!per_call.empty()) {
     std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
     const double t = per_call[per_call.size() / 2];

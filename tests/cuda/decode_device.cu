@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/cuda_try.hpp"
 #include "cuda/decode_device.hpp"
 #include "kvkit/cuda/paged_decode.cuh"
 #include "kvkit/layout/page_layout.hpp"
@@ -13,15 +14,6 @@
 namespace kvkit_test {
 
 namespace {
-
-#define KVKIT_TRY(expr)                                                                            \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      out.error = e_;                                                                              \
-      return out;                                                                                  \
-    }                                                                                              \
-  } while (false)
 
 // Device buffers freed on every path out.
 struct buffers {
@@ -255,29 +247,22 @@ std::vector<std::string> decode_validation_failures() {
   bad_plan = plan;
   bad_plan.shape.num_q_heads = 2 * 17;
   check("group of 17", good, bad_plan, fake, ws, false);
-  // fp8 without its static scales, and a per-channel codec.
-  using fp8_t = kvkit::paged_layout<kvkit::fp8_e4m3_codec>;
-  kvkit::cuda::decode_args<fp8_t, __nv_bfloat16> f;
-  f.layout = fp8_t(16, 2, 128);
-  f.cache = fake;
-  f.capacity = 10;
-  f.table = good.table;
-  f.q = t;
-  f.out = t;
-  if (kvkit::cuda::validate(f, plan, fake, ws).ok()) {
-    failed.emplace_back("fp8 without static scales");
-  }
-  using chan_t = kvkit::paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<32>>;
-  kvkit::cuda::decode_args<chan_t, __nv_bfloat16> c;
-  c.layout = chan_t(16, 2, 128);
-  c.cache = fake;
-  c.capacity = 10;
-  c.table = good.table;
-  c.q = t;
-  c.out = t;
-  if (kvkit::cuda::validate(c, plan, fake, ws).ok()) {
-    failed.emplace_back("per-channel K codec");
-  }
+  // fp8 without its static scales, and a per-channel codec: the good case's arguments otherwise.
+  const auto rejected = [&](auto layout, const char* name) {
+    kvkit::cuda::decode_args<decltype(layout), __nv_bfloat16> o;
+    o.layout = layout;
+    o.cache = fake;
+    o.capacity = good.capacity;
+    o.table = good.table;
+    o.q = t;
+    o.out = t;
+    if (kvkit::cuda::validate(o, plan, fake, ws).ok()) {
+      failed.emplace_back(name);
+    }
+  };
+  rejected(kvkit::paged_layout<kvkit::fp8_e4m3_codec>(16, 2, 128), "fp8 without static scales");
+  rejected(kvkit::paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<32>>(16, 2, 128),
+           "per-channel K codec");
   // Plans: bad shapes and lengths are errors.
   if (kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 0, 2}, 132).ok() ||
       kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 2}, 132).ok() ||

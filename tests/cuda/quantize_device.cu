@@ -1,5 +1,6 @@
 #include <cuda_fp8.h>
 
+#include "cuda/cuda_try.hpp"
 #include "cuda/quantize_device.hpp"
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/cuda/write_kv.cuh"
@@ -20,15 +21,6 @@ struct device_array {
   std::size_t size;
   cudaError_t err;
 };
-
-#define KVKIT_TRY(expr)                                                                            \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      out.error = e_;                                                                              \
-      return out;                                                                                  \
-    }                                                                                              \
-  } while (false)
 
 __device__ std::uint32_t hash32(std::uint64_t x) {
   x ^= x >> 33;

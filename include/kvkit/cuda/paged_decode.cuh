@@ -5,13 +5,13 @@
 //! in-launch log-sum-exp merge, optional LSE output, sliding window and logit soft cap.
 //!
 //! How it works (docs/kernels.md has the long form): a thread block takes one (sequence, KV
-//! head, split) and its four warps take 16-key tiles in turn. Each thread copies the bytes it will
-//! use itself into a private slice of shared memory (`cp.async`, several tiles ahead), so no block
-//! barrier is needed in the loop. The group's query heads are the N dimension of tensor-core MMAs
-//! (m16n8k16, fp32 accumulation): S^T = K Q^T with keys as M, then O^T = V^T P^T with channels as
-//! M, P^T moved into place with `movmatrix`. Each thread holds whole runs of channels of a key, so
-//! codes are dequantized from 16-byte loads straight into MMA operands; K and Q share a channel
-//! permutation, and V's channel permutation is undone when the output is written.
+//! head, split) and its four warps take 16-key tiles in turn. Each warp copies its tiles' whole K
+//! and V rows into its own slice of shared memory (`cp.async`, several tiles ahead, chunks
+//! swizzled per key), so no block barrier is needed in the loop. The group's query heads are the N
+//! dimension of tensor-core MMAs (m16n8k16, fp32 accumulation): S^T = K Q^T with keys as M, then
+//! O^T = V^T P^T with channels as M, P^T moved into place with `movmatrix`. Each thread reads
+//! 16-byte runs of a key's channels and dequantizes them straight into MMA operands; K and Q share
+//! a channel permutation, and V's channel permutation is undone when the output is written.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -336,8 +336,6 @@ struct frag {
   static constexpr int k_words = k_bytes / 4;
   static constexpr int v_bytes = D / 8 * bits / 8;
   static constexpr int v_words = v_bytes / 4;
-  static constexpr int group = grouped ? C::group_size : 1;
-  // Parameter words a thread reads per K key (int8: its scale; int4: one per group it touches).
   // Bytes of one copy (an item) and the channels it holds.
   static constexpr int k_item = k_bytes < 16 ? k_bytes : 16;
   static constexpr int k_items = k_bytes / k_item;
@@ -604,14 +602,18 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     rows(std::integral_constant<int, sl::v_chunks>{}, std::integral_constant<int, sl::v_row>{},
          loc.v_row, sl::v_off);
     // Scales and zero points: each thread copies the ones it uses.
+    // The page (never null: page 0 stands in for a key outside the range) and slot of `key`.
+    const auto page_of = [&](int key, std::int32_t& sp, bool& valid) {
+      const std::int32_t pg = __shfl_sync(0xFFFFFFFFU, page, key);
+      sp = __shfl_sync(0xFFFFFFFFU, slot, key);
+      valid = pg >= 0;
+      return p.cache + static_cast<std::int64_t>(valid ? pg : 0) * p.page_bytes;
+    };
 #pragma unroll
     for (int tk = 0; tk < ((kf::per_token || kf::grouped || vf::per_token) ? 2 : 0); ++tk) {
-      const int key = g + 8 * tk;
-      const std::int32_t pg = __shfl_sync(0xFFFFFFFFU, page, key);
-      const std::int32_t sp = __shfl_sync(0xFFFFFFFFU, slot, key);
-      const bool valid = pg >= 0;
-      const std::byte* const pb =
-          p.cache + static_cast<std::int64_t>(valid ? pg : 0) * p.page_bytes;
+      std::int32_t sp = 0;
+      bool valid = false;
+      const std::byte* const pb = page_of(g + 8 * tk, sp, valid);
       if constexpr (kf::per_token) {
         const std::byte* const ps = pb + layout.k_param_offset() +
                                     layout.template param_index<K>(sp, h, 0) * K::param_bytes;
@@ -635,12 +637,9 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     }
 #pragma unroll
     for (int tv = 0; tv < (vf::grouped ? 4 : 0); ++tv) {
-      const int key = 2 * i + (tv & 1) + 8 * (tv >> 1);
-      const std::int32_t pg = __shfl_sync(0xFFFFFFFFU, page, key);
-      const std::int32_t sp = __shfl_sync(0xFFFFFFFFU, slot, key);
-      const bool valid = pg >= 0;
-      const std::byte* const pb =
-          p.cache + static_cast<std::int64_t>(valid ? pg : 0) * p.page_bytes;
+      std::int32_t sp = 0;
+      bool valid = false;
+      const std::byte* const pb = page_of(2 * i + (tv & 1) + 8 * (tv >> 1), sp, valid);
       if constexpr (vf::grouped) {
         static_assert(vf::v_items == 1, "an int4 V thread's channels lie in one item");
         const std::byte* const ps =
