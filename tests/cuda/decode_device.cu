@@ -303,5 +303,7 @@ KVKIT_DECODE_CASE(128, int8_nhd, __nv_bfloat16)
 KVKIT_DECODE_CASE(256, int4_32, __half)
 KVKIT_DECODE_CASE(128, int4_128_hnd, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, int8_k_int4_v, __half)
+KVKIT_DECODE_CASE(64, int4_32, __nv_bfloat16)
+KVKIT_DECODE_CASE(128, bf16_nhd, __half)
 
 } // namespace kvkit_test

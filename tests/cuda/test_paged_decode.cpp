@@ -237,6 +237,9 @@ TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
           __nv_bfloat16>({8, 4, 128}, group, lens, s + 5, {}, sms);
       check_decode<128, paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<64>>, __half>(
           {16, 4, 128}, group, lens, s + 6, {}, sms);
+      check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+          {16, 4, 64}, group, lens, s + 7, {}, sms);
+      check_decode<128, bf16_nhd, __half>({16, 4, 128}, group, lens, s + 8, {}, sms); // fp16 q
     }
   }
 }
