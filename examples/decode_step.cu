@@ -115,7 +115,8 @@ int main() {
                                                          total,  d_k,   d_v,      d_scales};
   CHECK_CUDA(kvkit::cuda::write_kv(w, nullptr));
 
-  // 5. paged_decode: plan on the host (the lengths are known there), workspace zeroed once.
+  // 5. paged_decode: plan on the host (the lengths are known there); the workspace needs no
+  //    initialization.
   int sms = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const kvkit::decode_shape shape{static_cast<std::int32_t>(batch.size()), q_heads, kv_heads, dim,
@@ -126,7 +127,6 @@ int main() {
   }
   void* workspace = nullptr;
   CHECK_CUDA(cudaMalloc(&workspace, std::max<std::size_t>(plan->workspace_bytes(), 16)));
-  CHECK_CUDA(cudaMemset(workspace, 0, std::max<std::size_t>(plan->workspace_bytes(), 16)));
   kvkit::cuda::decode_args<layout_t, __nv_bfloat16> a;
   a.layout = layout;
   a.cache = cache;

@@ -138,10 +138,7 @@ public:
         fail("decode plan rejected");
         return;
       }
-      if (plan->workspace_bytes() > workspace_.size) {
-        check(workspace_.reserve(plan->workspace_bytes()));
-        check(cudaMemsetAsync(workspace_.ptr, 0, workspace_.size, stream_));
-      }
+      check(workspace_.reserve(plan->workspace_bytes())); // grows; reused across plans
       check(indptr_.upload(w.indptr, stream_));
       check(indices_.upload(w.indices, stream_));
       check(last_.upload(w.last_page_len, stream_));

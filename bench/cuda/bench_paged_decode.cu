@@ -210,7 +210,6 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
       *kvkit::plan_decode({batch, q_heads, kv_heads, head_dim, 0}, lens, sms);
   std::byte* ws = nullptr;
   cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 16));
-  cudaMemset(ws, 0, std::max<std::size_t>(plan.workspace_bytes(), 16));
 
   std::vector<kvkit::cuda::decode_args<Layout, __nv_bfloat16>> args(
       static_cast<std::size_t>(rotations));

@@ -84,8 +84,11 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   };
   std::vector<kvkit::decode_plan> plans;
   for (const decode_step& s : steps) {
+    // Without a graph each step is planned for its own batch (shape.batch_size is the largest).
+    kvkit::decode_shape step_shape = shape;
+    step_shape.batch_size = static_cast<std::int32_t>(s.last_page_len.size());
     auto plan = mode.graph ? kvkit::plan_decode_graph_safe(shape, mode.max_seq_len, mode.sm_count)
-                           : kvkit::plan_decode(shape, lengths(s), mode.sm_count);
+                           : kvkit::plan_decode(step_shape, lengths(s), mode.sm_count);
     if (!plan.ok()) {
       out.error = cudaErrorInvalidValue;
       return out;
@@ -98,7 +101,8 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   }
   std::byte* d_ws = nullptr;
   KVKIT_TRY(mem.alloc(d_ws, ws_bytes));
-  KVKIT_TRY(cudaMemset(d_ws, 0, std::max<std::size_t>(ws_bytes, 1)));
+  // Garbage, not zeros: the launcher owes the workspace no initialization.
+  KVKIT_TRY(cudaMemset(d_ws, 0xA5, std::max<std::size_t>(ws_bytes, 1)));
 
   kvkit::cuda::decode_args<Layout, T> a;
   a.layout = layout;
@@ -244,6 +248,9 @@ std::vector<std::string> decode_validation_failures() {
   bad_plan = plan;
   bad_plan.shape.head_dim = 96;
   check("head dim 96", good, bad_plan, fake, ws, false);
+  bad_plan = plan;
+  bad_plan.max_splits = kvkit::decode_plan::max_splits_limit + 1;
+  check("more splits than the merge holds", good, bad_plan, fake, ws, false);
   bad_plan = plan;
   bad_plan.shape.num_q_heads = 2 * 17;
   check("group of 17", good, bad_plan, fake, ws, false);

@@ -36,9 +36,9 @@ struct decode_outcome {
 };
 
 // Runs paged_decode_dim<HeadDim> on each step over one device copy of `cache` (capacity pages),
-// outputs poisoned with NaN before every launch. T is __half or __nv_bfloat16. The workspace is
-// allocated for the largest plan and zeroed once, so later steps reuse counters left by earlier
-// ones.
+// outputs poisoned with NaN before every launch. T is __half or __nv_bfloat16. Without a graph
+// each step is planned for its own batch (at most shape.batch_size); one workspace, allocated for
+// the largest plan, serves every step, as an engine's would.
 template <int HeadDim, class Layout, class T>
 decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& cache,
                           std::int32_t capacity, const kvkit::decode_shape& shape,

@@ -257,6 +257,34 @@ TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][d
   }
 }
 
+TEST_CASE("paged_decode: one workspace serves plans of different batches in turn",
+          "[cuda][decode]") {
+  // An engine keeps one workspace while its batch grows and shrinks: each step's plan lays out
+  // the workspace differently, so no step may depend on what an earlier one left there.
+  const std::uint64_t seed = kvkit_test::test_seed(0x5EED);
+  problem<bf16_nhd> pr(bf16_nhd(16, 2, 128), 4096, seed);
+  const std::int32_t q_heads = 8;
+  std::vector<kvkit_test::decode_step> steps;
+  for (const auto& lens : std::vector<std::vector<std::int32_t>>{
+           {3000, 2000, 1500, 900, 700, 5000}, {4000}, {2500, 3500, 100}, {1, 6000}}) {
+    steps.push_back(pr.make_step<__nv_bfloat16>(lens, q_heads));
+  }
+  kvkit_test::decode_mode mode;
+  mode.sm_count = 4096; // many splits, so every step uses the workspace
+  const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+      pr.layout, pr.cache, pr.capacity, {6, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+  INFO("seed " << seed << " error " << cudaGetErrorString(got.error));
+  REQUIRE(got.error == cudaSuccess);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const errors e =
+        compare<bf16_nhd, __nv_bfloat16>(pr, steps[i], q_heads, {}, got.out[i], got.lse[i]);
+    INFO("step " << i << " relative error " << e.out_rel << " lse error " << e.lse_abs);
+    CHECK(e.all_finite);
+    CHECK(e.out_rel < 1e-2);
+    CHECK(e.lse_abs < 2e-2);
+  }
+}
+
 TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths change",
           "[cuda][decode]") {
   const std::uint64_t seed = kvkit_test::test_seed(0x6A4);

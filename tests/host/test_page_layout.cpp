@@ -132,3 +132,8 @@ TEST_CASE("KV memory: the formula, its worked numbers and its inverse", "[layout
   CHECK(kvkit::page_bytes(odd, kv_format::int4_g64, kv_format::int4_g64, 16).error() ==
         kvkit::errc::bad_argument);
 }
+
+static_assert(kvkit::paged_layout<kvkit::fp8_e4m3_codec, kvkit::int8_codec>::has_static_scales);
+static_assert(kvkit::paged_layout<kvkit::int8_codec, kvkit::fp8_e5m2_codec>::has_static_scales);
+static_assert(
+    !kvkit::paged_layout<kvkit::bf16_codec, kvkit::int4_group_codec<32>>::has_static_scales);

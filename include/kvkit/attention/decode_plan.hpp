@@ -6,7 +6,7 @@
 //! ```
 //! auto plan = kvkit::plan_decode(shape, host_seq_lens, sm_count);          // lengths known
 //! auto plan = kvkit::plan_decode_graph_safe(shape, max_seq_len, sm_count); // CUDA graph replay
-//! std::size_t bytes = plan->workspace_bytes();   // cudaMalloc, then zero it once (cudaMemset)
+//! std::size_t bytes = plan->workspace_bytes();   // cudaMalloc once; reuse across plans
 //! ```
 
 #include <algorithm>
@@ -53,10 +53,13 @@ struct decode_plan {
 
   //! Keys a thread block processes per step of its four warps (each warp takes 16).
   static constexpr std::int32_t tile_tokens = 64;
+  //! The most splits a sequence is cut into (the merging block keeps every split's weight in
+  //! shared memory); longer sequences get longer chunks.
+  static constexpr std::int32_t max_splits_limit = 256;
 
   //! Bytes of workspace: partial outputs and log-sum-exps (fp32) of every split, and one arrival
-  //! counter per (sequence, KV head). Zero when no sequence is split. The counters must be zero
-  //! before the first launch (cudaMemset once after allocating); each launch leaves them zero.
+  //! counter per (sequence, KV head). Zero when no sequence is split. The launcher zeroes the
+  //! counters itself, so a workspace needs no initialization and can serve any plan that fits.
   [[nodiscard]] constexpr std::size_t workspace_bytes() const {
     if (max_splits <= 1) {
       return 0;
@@ -95,7 +98,8 @@ template <class Lengths>
   while (chunk < longest) {
     std::int64_t blocks = 0;
     lengths([&](std::int64_t len) { blocks += (len + chunk - 1) / chunk; });
-    if (blocks * shape.num_kv_heads <= target) {
+    if (blocks * shape.num_kv_heads <= target &&
+        (max_len + chunk - 1) / chunk <= decode_plan::max_splits_limit) {
       break;
     }
     chunk += std::max<std::int64_t>(tile, chunk / 8 / tile * tile);

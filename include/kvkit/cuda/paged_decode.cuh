@@ -28,6 +28,7 @@
 #include "kvkit/attention/options.hpp"
 #include "kvkit/block/page_table.hpp"
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/error.hpp"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -85,8 +86,8 @@ template <class Layout, query_element T>
     return errc::bad_argument;
   }
   if (plan.chunk_tokens <= 0 || plan.chunk_tokens % decode_plan::tile_tokens != 0 ||
-      plan.max_splits <= 0 || plan.max_splits > 65535 || s.num_kv_heads > 65535 ||
-      s.batch_size > 65535) {
+      plan.max_splits <= 0 || plan.max_splits > decode_plan::max_splits_limit ||
+      s.num_kv_heads > 65535 || s.batch_size > 65535) {
     return errc::bad_argument;
   }
   const attention_options& o = a.options;
@@ -99,9 +100,7 @@ template <class Layout, query_element T>
       a.table.indices == nullptr || a.table.last_page_len == nullptr) {
     return errc::bad_argument;
   }
-  constexpr bool needs_scales =
-      K::scaling == kv_scaling::static_per_head || V::scaling == kv_scaling::static_per_head;
-  if (needs_scales && a.static_scales == nullptr) {
+  if (Layout::has_static_scales && a.static_scales == nullptr) {
     return errc::bad_argument;
   }
   if (plan.workspace_bytes() > 0 &&
@@ -243,24 +242,6 @@ __device__ inline std::uint32_t pack2(float lo, float hi) {
   } else {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&v);
-  }
-}
-
-template <class T>
-__device__ inline float load_float(const T* p) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(*p);
-  } else {
-    return __bfloat162float(*p);
-  }
-}
-
-template <class T>
-__device__ inline T store_value(float x) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(x);
-  } else {
-    return __float2bfloat16_rn(x);
   }
 }
 
@@ -672,8 +653,8 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     const T* qrow = p.q + (static_cast<std::int64_t>(b) * p.num_q_heads + h * p.group + head) * D;
 #pragma unroll
     for (int s = 0; s < D / 8; ++s) {
-      qf[nt][s] = head < p.group ? pack2<kmma>(load_float(qrow + kf::k_abs(i, kf::k_channel(s, 0))),
-                                               load_float(qrow + kf::k_abs(i, kf::k_channel(s, 1))))
+      qf[nt][s] = head < p.group ? pack2<kmma>(to_float(qrow[kf::k_abs(i, kf::k_channel(s, 0))]),
+                                               to_float(qrow[kf::k_abs(i, kf::k_channel(s, 1))]))
                                  : 0U;
     }
   }
@@ -900,7 +881,7 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     const float val = sum > 0.0F ? acc / sum : 0.0F;
     const float lse2 = sum > 0.0F ? mx + __log2f(sum) : -INFINITY;
     if (nsplit == 1) {
-      p.out[(row0 + row) * D + ch] = store_value<T>(val * v_static);
+      p.out[(row0 + row) * D + ch] = from_float<T>(val * v_static);
       if (ch == 0 && p.lse != nullptr) {
         p.lse[row0 + row] = lse2 * ln2;
       }
@@ -924,9 +905,6 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
         p.counters + static_cast<std::int64_t>(b) * layout.num_kv_heads() + h;
     const std::uint32_t before = atomicAdd(counter, 1U);
     last_block = before == static_cast<std::uint32_t>(nsplit - 1) ? 1 : 0;
-    if (last_block != 0) {
-      atomicExch(counter, 0U); // ready for the next launch
-    }
   }
   __syncthreads();
   if (last_block == 0) {
@@ -938,72 +916,50 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
   constexpr int smem_floats = decode_smem_bytes<K, V, D, NT>() / 4;
   float* const weight = reinterpret_cast<float*>(smem_raw); // [group][nsplit]
   float* const head_lse = weight + smem_floats - 16;        // [group]
-  const bool staged = p.group * nsplit <= smem_floats - 16;
-  if (staged) {
-    for (int e = static_cast<int>(threadIdx.x); e < p.group * nsplit; e += decode_warps * 32) {
-      weight[e] = __ldcg(p.part_lse + (row0 + e / nsplit) * p.max_splits + e % nsplit);
-    }
-    __syncthreads();
-    if (static_cast<int>(threadIdx.x) < p.group) {
-      float* const w = weight + threadIdx.x * nsplit;
-      float mx = -INFINITY;
-      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-        mx = fmaxf(mx, w[sp]);
-      }
-      float sum = 0.0F;
-      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-        w[sp] = mx == -INFINITY ? 0.0F : fast_exp2(w[sp] - mx);
-        sum += w[sp];
-      }
-      const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
-      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-        w[sp] *= inv;
-      }
-      head_lse[threadIdx.x] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
-    }
-    __syncthreads();
+  static_assert(16 * decode_plan::max_splits_limit + 16 <= smem_floats,
+                "the weights of every split fit in shared memory");
+  for (int e = static_cast<int>(threadIdx.x); e < p.group * nsplit; e += decode_warps * 32) {
+    weight[e] = __ldcg(p.part_lse + (row0 + e / nsplit) * p.max_splits + e % nsplit);
   }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < p.group) {
+    float* const w = weight + threadIdx.x * nsplit;
+    float mx = -INFINITY;
+    for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+      mx = fmaxf(mx, w[sp]);
+    }
+    float sum = 0.0F;
+    for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+      w[sp] = mx == -INFINITY ? 0.0F : fast_exp2(w[sp] - mx);
+      sum += w[sp];
+    }
+    const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
+    for (std::int32_t sp = 0; sp < nsplit; ++sp) {
+      w[sp] *= inv;
+    }
+    head_lse[threadIdx.x] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
+  }
+  __syncthreads();
   for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
     const int row = e / D;
     const int ch = e % D;
     const std::int64_t prow0 = (row0 + row) * p.max_splits;
-    float val = 0.0F;
-    float lse_out = -INFINITY;
-    if (staged) {
-      const float* const w = weight + row * nsplit;
-      float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
-      std::int32_t sp = 0;
-      for (; sp + 4 <= nsplit; sp += 4) {
+    const float* const w = weight + row * nsplit;
+    float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+    std::int32_t sp = 0;
+    for (; sp + 4 <= nsplit; sp += 4) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          acc[u] += w[sp + u] * __ldcg(p.part_o + (prow0 + sp + u) * D + ch);
-        }
+      for (int u = 0; u < 4; ++u) {
+        acc[u] += w[sp + u] * __ldcg(p.part_o + (prow0 + sp + u) * D + ch);
       }
-      for (; sp < nsplit; ++sp) {
-        acc[0] += w[sp] * __ldcg(p.part_o + (prow0 + sp) * D + ch);
-      }
-      val = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-      lse_out = head_lse[row];
-    } else {
-      float mx = -INFINITY;
-      for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-        mx = fmaxf(mx, __ldcg(p.part_lse + prow0 + sp));
-      }
-      float sum = 0.0F;
-      float acc = 0.0F;
-      if (mx != -INFINITY) {
-        for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-          const float wt = fast_exp2(__ldcg(p.part_lse + prow0 + sp) - mx);
-          sum += wt;
-          acc += wt * __ldcg(p.part_o + (prow0 + sp) * D + ch);
-        }
-      }
-      val = sum > 0.0F ? acc / sum : 0.0F;
-      lse_out = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
     }
-    p.out[(row0 + row) * D + ch] = store_value<T>(val * v_static);
+    for (; sp < nsplit; ++sp) {
+      acc[0] += w[sp] * __ldcg(p.part_o + (prow0 + sp) * D + ch);
+    }
+    p.out[(row0 + row) * D + ch] =
+        from_float<T>(((acc[0] + acc[1]) + (acc[2] + acc[3])) * v_static);
     if (ch == 0 && p.lse != nullptr) {
-      p.lse[row0 + row] = lse_out;
+      p.lse[row0 + row] = head_lse[row];
     }
   }
 }
@@ -1041,6 +997,12 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                              static_cast<std::size_t>(plan.shape.num_q_heads) *
                              static_cast<std::size_t>(plan.max_splits);
     p.part_o = p.part_lse + (rows + 3) / 4 * 4;
+    // The arrival counters start at zero: where they lie depends on the plan, so a workspace
+    // that served another plan holds anything there.
+    if (const cudaError_t e = cudaMemsetAsync(ws, 0, plan.counter_bytes(), stream);
+        e != cudaSuccess) {
+      return e;
+    }
   }
   constexpr int smem = decode_smem_bytes<K, V, D, NT>();
   const auto kernel = paged_decode_kernel<Layout, T, D, NT>;
@@ -1092,9 +1054,10 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! lse[b]). Matches kvkit::reference::paged_decode to fp16/bf16 rounding of the operands (keys and
 //! values are dequantized to fp16, or kept in bf16 for a bf16 cache; accumulation is fp32).
 //! `plan` comes from plan_decode or plan_decode_graph_safe for the same shape; `workspace` holds
-//! plan.workspace_bytes() bytes whose counter part was zeroed once (the launch leaves it zero).
-//! One launch, asynchronous on `stream`; no allocation, no host synchronization, so a launch with
-//! a graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when `validate` fails.
+//! plan.workspace_bytes() bytes and needs no initialization (a split launch first zeroes its
+//! arrival counters with a memset on `stream`). One kernel launch, asynchronous on `stream`; no
+//! allocation, no host synchronization, so a launch with a graph-safe plan can be captured in a
+//! CUDA graph. cudaErrorInvalidValue when `validate` fails.
 template <class Layout, query_element T>
 [[nodiscard]] cudaError_t paged_decode(const decode_args<Layout, T>& a, const decode_plan& plan,
                                        void* workspace, std::size_t workspace_bytes,

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/error.hpp"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -57,39 +58,15 @@ template <class Layout, page_element T>
   if (!head_vector_ok(K{}) || !head_vector_ok(V{})) {
     return errc::bad_argument;
   }
-  constexpr bool needs_scales =
-      K::scaling == kv_scaling::static_per_head || V::scaling == kv_scaling::static_per_head;
   if (b.num_pages > 0 &&
       (b.cache == nullptr || b.page_ids == nullptr || b.k == nullptr || b.v == nullptr ||
-       b.capacity <= 0 || (needs_scales && b.static_scales == nullptr))) {
+       b.capacity <= 0 || (Layout::has_static_scales && b.static_scales == nullptr))) {
     return errc::bad_argument;
   }
   return {};
 }
 
 namespace detail {
-
-template <class T>
-__device__ inline float to_float(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return fp16_bits_to_float(__half_as_ushort(x));
-  } else {
-    return bf16_bits_to_float(__bfloat16_as_ushort(x));
-  }
-}
-
-template <class T>
-__device__ inline T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __ushort_as_half(float_to_fp16_bits(x));
-  } else {
-    return __ushort_as_bfloat16(float_to_bf16_bits(x));
-  }
-}
 
 // Eight consecutive elements of T, loaded and stored with 16-byte (or two 16-byte) accesses.
 template <class T>

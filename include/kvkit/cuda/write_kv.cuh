@@ -37,11 +37,9 @@ template <class Layout, page_element T>
       K::scaling == kv_scaling::per_page_channel || V::scaling == kv_scaling::per_page_channel) {
     return errc::bad_argument;
   }
-  constexpr bool needs_scales =
-      K::scaling == kv_scaling::static_per_head || V::scaling == kv_scaling::static_per_head;
   if (w.num_tokens > 0 &&
       (w.cache == nullptr || w.slots == nullptr || w.k == nullptr || w.v == nullptr ||
-       w.capacity <= 0 || (needs_scales && w.static_scales == nullptr))) {
+       w.capacity <= 0 || (Layout::has_static_scales && w.static_scales == nullptr))) {
     return errc::bad_argument;
   }
   return {};

@@ -39,6 +39,9 @@ public:
   using k_codec = KCodec;
   using v_codec = VCodec;
   static constexpr kv_order order = Order;
+  //! True when K or V uses calibrated scales passed to kernels (fp8), not stored in pages.
+  static constexpr bool has_static_scales = KCodec::scaling == kv_scaling::static_per_head ||
+                                            VCodec::scaling == kv_scaling::static_per_head;
 
   constexpr paged_layout() = default;
   //! A layout for pages of `page_size` tokens, `num_kv_heads` heads of `head_dim` channels. Call
