@@ -24,6 +24,13 @@
 #define KVKIT_IS_DEVICE_CODE 0
 #endif
 
+// Inlines every call inside the function it marks (GCC and Clang); a hint, so it may vanish.
+#if defined(__GNUC__)
+#define KVKIT_FLATTEN [[gnu::flatten]]
+#else
+#define KVKIT_FLATTEN
+#endif
+
 namespace kvkit {
 
 //! The library version as {major, minor, patch}.

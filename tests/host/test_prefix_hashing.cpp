@@ -37,6 +37,24 @@ TEST_CASE("xxh3_hasher is deterministic and sensitive to every input", "[prefix_
   CHECK(k == block_key{want.low64, want.high64});
 }
 
+TEST_CASE("xxh3_hasher keys follow the construction at every block size",
+          "[prefix_cache][hasher]") {
+  // The usual block sizes take fixed-length paths; each must give the generic construction.
+  const kvkit::xxh3_hasher h;
+  std::vector<token_id> tokens(80);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<token_id>(1000003 * i + 17);
+  }
+  const block_key parent{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+  for (std::size_t n = 1; n <= tokens.size(); ++n) {
+    CAPTURE(n);
+    const XXH128_hash_t content = XXH3_128bits(tokens.data(), n * sizeof(token_id));
+    const std::uint64_t words[4] = {parent.lo, parent.hi, content.low64, content.high64};
+    const XXH128_hash_t want = XXH3_128bits(words, sizeof(words));
+    CHECK(h(parent, std::span(tokens).first(n), {}) == block_key{want.low64, want.high64});
+  }
+}
+
 TEST_CASE("eviction policies map hints to levels", "[prefix_cache][eviction]") {
   const kvkit::lru lru;
   CHECK(lru.num_levels() == 1);

@@ -410,37 +410,48 @@ private:
     const auto bs = static_cast<std::size_t>(block_size_);
     const auto limit = static_cast<std::int32_t>(tokens.size()) - 1; // keep the last token
     const std::int32_t max_full = limit / block_size_;
-    // Keys are hashed a chunk at a time (a serial chain of pure compute), then the chunk's lookups
-    // run back to back: their loads are independent, so their cache misses overlap.
-    constexpr std::int32_t chunk = 8;
-    block_key keys_ahead[chunk];
+    // A chunk of keys is hashed first (a serial chain of pure compute), then all its lookups are
+    // issued (independent loads whose cache misses overlap), then the hits are verified in order.
+    // Chunks start small so a miss near the start wastes little hashing, and grow to amortize.
+    constexpr std::int32_t max_chunk = 32;
+    block_key ahead[max_chunk];
+    block_id found[max_chunk];
     block_key parent = root;
     std::int32_t i = 0;
+    std::int32_t chunk = 4;
     bool hit = true;
     while (hit && i < max_full) {
       const std::int32_t n = std::min(chunk, max_full - i);
+      chunk = std::min(2 * chunk, max_chunk);
+      const token_id* first = tokens.data() + static_cast<std::size_t>(i) * bs;
       block_key k = parent;
       for (std::int32_t j = 0; j < n; ++j) {
-        k = hasher_(k, tokens.subspan(static_cast<std::size_t>(i + j) * bs, bs), {});
-        keys_ahead[j] = k;
+        k = hasher_(k, {first + static_cast<std::size_t>(j) * bs, bs}, {});
+        ahead[j] = k;
       }
-      for (std::int32_t j = 0; j < n; ++j, ++i) {
-        const block_key& key = keys_ahead[j];
-        const block_id b = full_.find(key);
+      for (std::int32_t j = 0; j < n; ++j) {
+        found[j] = full_.find(ahead[j]);
+      }
+      std::int32_t j = 0;
+      for (; j < n; ++j) {
+        const block_id b = found[j];
         if (b == invalid_block_id ||
-            !holds(b, parent, tokens.subspan(static_cast<std::size_t>(i) * bs, bs))) {
+            !holds(b, j == 0 ? parent : ahead[j - 1], first + static_cast<std::size_t>(j) * bs)) {
           hit = false;
           break;
         }
-        if (out != nullptr) {
-          out[i] = b;
-        }
-        if (keys != nullptr) {
-          keys->push_back(key);
-        }
         m.num_evictable += pool_->ref_count(b) == 0 ? 1 : 0;
-        parent = key;
       }
+      if (out != nullptr) {
+        std::copy_n(found, j, out + i);
+      }
+      if (keys != nullptr) {
+        keys->insert(keys->end(), ahead, ahead + j);
+      }
+      if (j > 0) {
+        parent = ahead[j - 1];
+      }
+      i += j;
     }
     m.num_blocks = i;
     m.num_tokens = i * block_size_;
@@ -470,14 +481,16 @@ private:
     return m;
   }
 
-  // Whether entry `b` is the block after prefix `parent` holding exactly `blk`.
+  // Whether entry `b` is the block after prefix `parent` holding exactly the block of tokens at
+  // `blk`.
   [[nodiscard]] bool holds(block_id b, const block_key& parent,
-                           std::span<const token_id> blk) const noexcept {
+                           const token_id* blk) const noexcept {
     if (!(entries_[static_cast<std::size_t>(b)].parent == parent)) {
       return false;
     }
-    const token_id* held = tokens_.data() + static_cast<std::size_t>(b) * blk.size();
-    return std::memcmp(held, blk.data(), blk.size_bytes()) == 0;
+    const auto bs = static_cast<std::size_t>(block_size_);
+    const token_id* held = tokens_.data() + static_cast<std::size_t>(b) * bs;
+    return std::memcmp(held, blk, bs * sizeof(token_id)) == 0;
   }
 
   // Tokens at the start of `tokens` (at most `room`) that entry `b` holds too.
@@ -505,7 +518,8 @@ private:
       // A key already held by a block with other contents is a collision: entries chained under
       // it could be reached by a different prefix, so this chain publishes nothing more.
       const block_id existing = full_.find(k);
-      if (existing != invalid_block_id && existing != blocks[i] && !holds(existing, parent, blk)) {
+      if (existing != invalid_block_id && existing != blocks[i] &&
+          !holds(existing, parent, blk.data())) {
         q.collided = true;
       }
       if (!q.collided) {

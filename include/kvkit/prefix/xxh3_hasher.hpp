@@ -7,6 +7,7 @@
 
 #include "kvkit/block/types.hpp"
 #include "kvkit/concepts/block_hasher.hpp"
+#include "kvkit/config.hpp"
 
 #ifndef XXH_INLINE_ALL
 #define XXH_INLINE_ALL
@@ -27,7 +28,21 @@ struct xxh3_hasher {
                                      std::span<const std::byte> extra) const noexcept {
     XXH128_hash_t content;
     if (extra.empty()) {
-      content = XXH3_128bits(tokens.data(), tokens.size_bytes());
+      // The usual block sizes get the hash of a fixed length, whose length dispatch folds away.
+      switch (tokens.size_bytes()) {
+      case 32:
+        content = fixed<32>(tokens.data());
+        break;
+      case 64:
+        content = fixed<64>(tokens.data());
+        break;
+      case 128:
+        content = fixed<128>(tokens.data());
+        break;
+      default:
+        content = XXH3_128bits(tokens.data(), tokens.size_bytes());
+        break;
+      }
     } else {
       XXH3_state_t state;
       XXH3_128bits_reset(&state);
@@ -36,8 +51,15 @@ struct xxh3_hasher {
       content = XXH3_128bits_digest(&state);
     }
     const std::uint64_t words[4] = {parent.lo, parent.hi, content.low64, content.high64};
-    const XXH128_hash_t key = XXH3_128bits(words, sizeof(words));
+    const XXH128_hash_t key = fixed<sizeof(words)>(words);
     return block_key{key.low64, key.high64};
+  }
+
+private:
+  // XXH3-128 of `Bytes` bytes, inlined whole so the compiler sees the constant length.
+  template <std::size_t Bytes>
+  KVKIT_FLATTEN static XXH128_hash_t fixed(const void* data) noexcept {
+    return XXH3_128bits(data, Bytes);
   }
 };
 
