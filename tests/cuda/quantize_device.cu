@@ -211,10 +211,16 @@ KVKIT_ROUND_TRIP(l_kivi_hnd, float)
 using l_g32_hnd =
     paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
 KVKIT_ROUND_TRIP(l_g32_hnd, float)
+using l_bf16 = paged_layout<kvkit::bf16_codec>;
+KVKIT_ROUND_TRIP(l_bf16, __nv_bfloat16)
+KVKIT_ROUND_TRIP(l_g128, __half)
+using l_g128_g64 = paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<64>>;
 KVKIT_WRITE_KV(l_fp16, __nv_bfloat16)
 KVKIT_WRITE_KV(l_int8_hnd, float)
 KVKIT_WRITE_KV(l_g32, __nv_bfloat16)
 KVKIT_WRITE_KV(l_e5m2_hnd, __half)
+KVKIT_WRITE_KV(l_int8, __nv_bfloat16)
+KVKIT_WRITE_KV(l_g128_g64, __half)
 KVKIT_WRITE_KV(l_kivi, __nv_bfloat16) // rejected: per-channel K needs whole pages
 
 } // namespace kvkit_test

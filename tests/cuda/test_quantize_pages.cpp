@@ -58,10 +58,21 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
+// Coarse values: halves in [-2, 2] and signed zeros, so products land on rounding ties, ranges
+// start at -0 or +0, and whole groups are constant (every eighth row is one repeated value).
+float coarse_value(std::mt19937_64& rng, std::size_t index, std::size_t row) {
+  const auto r = std::uniform_int_distribution<int>(0, 9)(rng);
+  if ((index / row) % 8 == 5) {
+    return 0.5F * static_cast<float>(static_cast<int>((index / row) % 9) - 4);
+  }
+  return r == 9 ? -0.0F : 0.5F * static_cast<float>(r - 4);
+}
+
 template <class Layout, class T>
-void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed) {
+void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, bool coarse = false) {
   INFO("seed " << seed << ", page_size " << layout.page_size() << ", heads "
-               << layout.num_kv_heads() << ", head_dim " << layout.head_dim());
+               << layout.num_kv_heads() << ", head_dim " << layout.head_dim() << ", coarse "
+               << coarse);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0F, 1.0F);
   std::uniform_int_distribution<int> pct(0, 999);
@@ -78,6 +89,11 @@ void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed) {
       b = -std::numeric_limits<float>::infinity();
     } else if (roll == 2) {
       a = std::numeric_limits<float>::quiet_NaN();
+    }
+    if (coarse) {
+      const auto row = static_cast<std::size_t>(layout.head_dim());
+      a = coarse_value(rng, i, row);
+      b = coarse_value(rng, i, row);
     }
     k[i] = from_float<T>(a);
     v[i] = from_float<T>(b);
@@ -158,6 +174,18 @@ TEST_CASE("GPU page quantization matches the CPU reference bit for bit", "[cuda]
       {16, 8, 128}, 23, seed + 9);
   check<paged_layout<kvkit::int4_channel_codec, kvkit::int8_codec, kv_order::hnd>, float>(
       {128, 2, 64}, 5, seed + 10);
+}
+
+TEST_CASE("GPU page quantization matches the reference on ties, signed zeros and constant groups",
+          "[cuda][quant]") {
+  const std::uint64_t seed = kvkit_test::test_seed(77);
+  check<paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 8, 128}, 19, seed, true);
+  check<paged_layout<kvkit::int8_codec, kvkit::int8_codec, kv_order::hnd>, float>({4, 2, 256}, 9,
+                                                                                  seed + 1, true);
+  check<paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>({16, 8, 128}, 15, seed + 2, true);
+  check<paged_layout<kvkit::int4_group_codec<128>>, __half>({8, 4, 128}, 11, seed + 3, true);
+  check<paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>({16, 8, 128}, 7, seed + 4, true);
+  check<paged_layout<kvkit::bf16_codec>, __nv_bfloat16>({16, 8, 128}, 7, seed + 5, true);
 }
 
 TEST_CASE("pages smaller than a warp's chunks quantize correctly", "[cuda][quant]") {
@@ -269,6 +297,9 @@ TEST_CASE("write_kv writes each token into its slot as the reference would", "[c
   check_write_kv<paged_layout<kvkit::int8_codec, kvkit::int8_codec, kv_order::hnd>, float>(
       {16, 4, 64}, seed + 1);
   check_write_kv<paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>({8, 8, 128}, seed + 2);
+  check_write_kv<paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 8, 128}, seed + 5);
+  check_write_kv<paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<64>>, __half>(
+      {16, 2, 256}, seed + 6);
   check_write_kv<paged_layout<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, kv_order::hnd>, __half>(
       {32, 2, 256}, seed + 3);
   // Per-channel K needs whole pages: rejected before launch.

@@ -13,6 +13,7 @@
 
 #include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/cuda/detail/elements.cuh"
+#include "kvkit/cuda/detail/page_codecs.cuh"
 #include "kvkit/error.hpp"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -322,33 +323,53 @@ __global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
   for (std::uint32_t chunk = threadIdx.x; chunk < chunks; chunk += blockDim.x) {
     const auto head = static_cast<std::int32_t>(chunk / cpr);
     const auto channel = static_cast<std::int32_t>(chunk % cpr) * 8;
-    std::uint32_t q[tokens_per_cta][8];
-    typename C::params p[tokens_per_cta];
+    // Codes and parameters of every token first, so their loads are in flight together.
+    code_chunk<C> codes[tokens_per_cta];
+    chunk_params p[tokens_per_cta];
+    const std::byte* params[tokens_per_cta];
 #pragma unroll
     for (int u = 0; u < tokens_per_cta; ++u) {
       const std::int32_t token = token0 + u;
       if (token < l.page_size()) {
-        load_codes<C>(page + data_offset + l.element_index(token, head, channel) * C::bits / 8,
-                      q[u]);
+        codes[u] =
+            load_chunk<C>(page + data_offset + l.element_index(token, head, channel) * C::bits / 8);
+        params[u] = nullptr;
         if constexpr (C::scaling == kv_scaling::static_per_head) {
-          p[u] = C::with_scale(scales[head]);
+          p[u] = {scales[head], 0.0F};
         } else if constexpr (C::param_bytes > 0) {
-          p[u] = C::load(page + param_offset +
-                         l.template param_index<C>(token, head, channel) * C::param_bytes);
-        } else {
-          p[u] = typename C::params{};
+          params[u] = page + param_offset +
+                      l.template param_index<C>(token, head, channel) * C::param_bytes;
+          p[u] = load_chunk_params<C>(params[u]);
         }
       }
     }
 #pragma unroll
     for (int u = 0; u < tokens_per_cta; ++u) {
       if (token0 + u < l.page_size()) {
+        T* out = rows + u * row_elems + static_cast<std::int64_t>(chunk) * 8;
         float x[8];
+        if (decode8<C>(codes[u], p[u], x)) {
+          if constexpr (std::is_same_v<passthrough_element<C>, T>) {
+            *reinterpret_cast<uint4*>(out) = codes[u]; // decode then encode: the same bits
+          } else {
+            store8_non_nan(out, x);
+          }
+        } else { // NaN codes or parameters: the codec's scalar code, which canonicalizes NaN
+          std::uint32_t q[8];
+          load_codes<C>(
+              page + data_offset + l.element_index(token0 + u, head, channel) * C::bits / 8, q);
+          typename C::params cp{};
+          if constexpr (C::scaling == kv_scaling::static_per_head) {
+            cp = C::with_scale(scales[head]);
+          } else if constexpr (C::param_bytes > 0) {
+            cp = C::load(params[u]);
+          }
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          x[i] = C::decode(q[u][i], p[u]);
+          for (int i = 0; i < 8; ++i) {
+            x[i] = C::decode(q[i], cp);
+          }
+          store8(out, x);
         }
-        store8(rows + u * row_elems + static_cast<std::int64_t>(chunk) * 8, x);
       }
     }
   }
@@ -368,42 +389,33 @@ __device__ inline int run_group_lanes(std::int32_t head_dim) {
 }
 
 // Codecs with per-token parameters (int8, int4 groups), quantizing: each lane takes a run of 32
-// adjacent channels, so a group's parameters (a range reduction, two fp16 conversions, a division
-// and a reciprocal) are derived once per 32 values instead of once per 8; measured on an H200 it
-// lifts int4 quantization from 1.56 to 2.04 TB/s, while data-movement kernels do better with the
-// fully coalesced 8-channel mapping above. A CTA covers `tokens_per_cta` tokens; work item i is
-// the (i / cpt)-th
-// token's (i % cpt)-th run of 32 channels (cpt = runs per token). Loops are warp-uniform, so every
-// lane takes part in the shuffles; a group's lanes are adjacent and never mix valid and idle
-// lanes, because a token holds whole groups and a group's lane count is a power of two.
-template <kv_codec C, class Layout, class T>
-__global__ void quantize_runs_kernel(Layout l, const T* src, std::byte* cache,
-                                     const std::int32_t* page_ids, std::int64_t data_offset,
-                                     std::int64_t param_offset, const float* scales) {
-  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
-  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
-  std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+// adjacent channels of one token, so a group's parameters (a range reduction, two fp16
+// conversions, a division and a reciprocal) are derived once per 32 values instead of once per 8.
+// Work item i of the CTA's `tokens_per_cta` rows is row i / cpt's run i % cpt (cpt = runs per
+// token). Loops are warp-uniform, so every lane takes part in the shuffles; a group's lanes are
+// adjacent and never mix valid and idle lanes, because a token holds whole groups and a group's
+// lane count is a power of two. Runs whose group is finite take the straight-line encoders of
+// page_codecs.cuh (the same codes); a warp with a NaN or Inf in any group takes the scalar codec.
+template <kv_codec C, class Layout, class Rows>
+__device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int64_t data_offset,
+                                    std::int64_t param_offset) {
   const auto rph = static_cast<std::uint32_t>(l.head_dim() / lane_channels); // runs per head
   const auto cpt = static_cast<std::uint32_t>(l.num_kv_heads()) * rph;       // runs per token
-  const auto tokens = static_cast<std::uint32_t>(
-      l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta);
-  const auto items = tokens * cpt;
-  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
-  const T* rows =
-      src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems;
+  const auto items = static_cast<std::uint32_t>(tokens_per_cta) * cpt;
   const int lanes = run_group_lanes<C>(l.head_dim());
   const std::int32_t group =
       C::scaling == kv_scaling::per_token_group ? C::group_size : l.head_dim();
   for (std::uint32_t base = threadIdx.x & ~31U; base < items; base += blockDim.x) {
     const std::uint32_t item = base + (threadIdx.x & 31U);
-    const bool valid = item < items;
-    const std::uint32_t t = item / cpt;
+    const auto t = static_cast<int>(item / cpt);
     const std::uint32_t run = item % cpt;
+    const auto* src = item < items ? rows.src(t) : nullptr;
+    const bool valid = src != nullptr;
     const auto head = static_cast<std::int32_t>(run / rph);
     const auto channel = static_cast<std::int32_t>(run % rph) * lane_channels;
     float x[lane_channels];
     if (valid) {
-      const T* at = rows + t * row_elems + static_cast<std::int64_t>(run) * lane_channels;
+      const auto* at = src + static_cast<std::int64_t>(run) * lane_channels;
       float part[4][8];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -422,28 +434,92 @@ __global__ void quantize_runs_kernel(Layout l, const T* src, std::byte* cache,
         x[i] = 0.0F;
       }
     }
-    const auto p = group_params<C>(x, lanes, scales != nullptr && valid ? scales[head] : 1.0F);
-    if (valid) {
-      const auto token = token0 + static_cast<std::int32_t>(t);
-      std::byte* out = page + data_offset + l.element_index(token, head, channel) * C::bits / 8;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        std::uint32_t q[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          q[i] = C::encode(x[8 * j + i], p);
-        }
-        store_codes<C>(out + 8 * j * C::bits / 8, q);
+    // The straight-line path: the group's range (or largest magnitude), NaN-propagating.
+    typename C::params p;
+    bool finite_group;
+    const float inf = __int_as_float(0x7F800000);
+    if constexpr (C::scaling == kv_scaling::per_token_head) {
+      float amax = run_amax(x);
+      for (int off = lanes / 2; off > 0; off /= 2) {
+        amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFU, amax, off));
       }
-      if constexpr (C::param_bytes > 0) {
-        if (channel % group == 0) {
-          C::store(p, page + param_offset +
-                          l.template param_index<C>(token, head, channel) * C::param_bytes);
+      p = C::from_amax(amax);
+      finite_group = amax < inf && p.inv < inf; // false for NaN too
+    } else {
+      float lo;
+      float hi;
+      run_range(x, lo, hi);
+      for (int off = lanes / 2; off > 0; off /= 2) {
+        lo = min_nan(lo, __shfl_xor_sync(0xFFFFFFFFU, lo, off));
+        hi = max_nan(hi, __shfl_xor_sync(0xFFFFFFFFU, hi, off));
+      }
+      finite_group = lo > -inf && hi < inf;
+      p = C::from_range({lo, hi, true});
+    }
+    const bool fast = __all_sync(0xFFFFFFFFU, finite_group);
+    if (!fast) {
+      p = group_params<C>(x, lanes, 1.0F); // every lane: the shuffles use the full mask
+    }
+    if (valid) {
+      const std::int32_t token = rows.token(t);
+      std::byte* page = rows.page(t);
+      std::byte* out = page + data_offset + l.element_index(token, head, channel) * C::bits / 8;
+      if (fast) {
+        if constexpr (C::scaling == kv_scaling::per_token_head) {
+          const auto codes = encode_run_int8(x, p.inv);
+          reinterpret_cast<uint4*>(out)[0] = codes.word[0];
+          reinterpret_cast<uint4*>(out)[1] = codes.word[1];
+        } else {
+          *reinterpret_cast<uint4*>(out) = encode_run_int4(x, p.zero, p.inv).word[0];
         }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          std::uint32_t q[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            q[i] = C::encode(x[8 * j + i], p);
+          }
+          store_codes<C>(out + 8 * j * C::bits / 8, q);
+        }
+      }
+      if (channel % group == 0) {
+        C::store(p, page + param_offset +
+                        l.template param_index<C>(token, head, channel) * C::param_bytes);
       }
     }
   }
 }
+
+template <kv_codec C, class Layout, class T>
+__global__ void quantize_runs_kernel(Layout l, const T* src, std::byte* cache,
+                                     const std::int32_t* page_ids, std::int64_t data_offset,
+                                     std::int64_t param_offset) {
+  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
+  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+  const page_rows<T> rows{
+      src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems, row_elems,
+      token0, l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta,
+      cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page()};
+  quantize_token_runs<C>(l, rows, data_offset, param_offset);
+}
+
+template <kv_codec C, class Layout, class T>
+__global__ void write_kv_runs_kernel(Layout l, const T* src, const std::int64_t* slots,
+                                     std::int32_t num_tokens, std::byte* cache,
+                                     std::int64_t data_offset, std::int64_t param_offset) {
+  const auto first = static_cast<std::int32_t>(blockIdx.x) * tokens_per_cta;
+  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+  const slot_rows<T> rows{src + first * row_elems, row_elems,    slots, first, num_tokens, cache,
+                          l.bytes_per_page(),      l.page_size()};
+  quantize_token_runs<C>(l, rows, data_offset, param_offset);
+}
+
+//! Whether codec C is quantized by the runs kernels (per-token parameters).
+template <kv_codec C>
+inline constexpr bool quantized_by_runs =
+    C::scaling == kv_scaling::per_token_head || C::scaling == kv_scaling::per_token_group;
 
 // Per-channel codecs: one CTA per page; a thread owns eight adjacent channels of one head and
 // walks the page's tokens twice (range, then codes), with 16-byte loads.
@@ -530,6 +606,13 @@ inline unsigned threads_for(std::int64_t chunks) {
   return static_cast<unsigned>(std::min<std::int64_t>(warps, 32) * 32);
 }
 
+// Threads of a runs-kernel CTA: a lane per run of 32 channels of tokens_per_cta tokens.
+template <class Layout>
+unsigned run_threads(const Layout& l) {
+  return threads_for(static_cast<std::int64_t>(tokens_per_cta) * l.num_kv_heads() * l.head_dim() /
+                     lane_channels);
+}
+
 // Launches the kernel of one region (K or V) of codec C.
 template <kv_codec C, bool Quantize, class Layout, class T>
 cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int64_t data_offset,
@@ -551,12 +634,9 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
         threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
     const dim3 grid(pages,
                     static_cast<unsigned>((l.page_size() + tokens_per_cta - 1) / tokens_per_cta));
-    if constexpr (Quantize && (C::scaling == kv_scaling::per_token_head ||
-                               C::scaling == kv_scaling::per_token_group)) {
-      const unsigned run_threads = threads_for(static_cast<std::int64_t>(tokens_per_cta) *
-                                               l.num_kv_heads() * l.head_dim() / lane_channels);
-      quantize_runs_kernel<C><<<grid, run_threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
-                                                                data_offset, param_offset, scales);
+    if constexpr (Quantize && quantized_by_runs<C>) {
+      quantize_runs_kernel<C><<<grid, run_threads(l), 0, stream>>>(l, elements, b.cache, b.page_ids,
+                                                                   data_offset, param_offset);
     } else if constexpr (Quantize) {
       quantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
                                                             data_offset, param_offset, scales);

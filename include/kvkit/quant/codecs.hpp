@@ -74,6 +74,11 @@ struct finite_range {
     r.lo = 0.0F;
     r.hi = 0.0F;
   }
+  // A least value of zero is +0 whichever sign it had, so the zero point's bits do not depend on
+  // the order in which a range met -0 and +0.
+  if (r.lo == 0.0F) {
+    r.lo = 0.0F;
+  }
   // Parameters are fp16: a range beyond ±65504 saturates rather than becoming infinite.
   constexpr float fp16_max = 65504.0F;
   const float lo = r.lo < -fp16_max ? -fp16_max : (r.lo > fp16_max ? fp16_max : r.lo);

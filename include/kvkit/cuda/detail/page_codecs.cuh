@@ -1,0 +1,246 @@
+#pragma once
+//! Straight-line device paths of the page kernels: codes of eight or 32 values at a time in fp32
+//! and integer arithmetic, without conversion instructions where a bit trick is exact. Each path
+//! gives the bits kvkit's host codecs give for the inputs it accepts (finite values, non-NaN codes,
+//! finite parameters) and says so; the kernels send the rest through the codecs' scalar code.
+//!
+//! The tricks: a small integer n becomes the float n as the bits 0x4B000000 | n (the float
+//! 2^23 + n) minus 2^23, both exact; v + 1.5 * 2^23 rounds v to the nearest integer, ties to even,
+//! exactly as rintf does for |v| < 2^22, and leaves it in the low bits of the sum.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/cuda/detail/elements.cuh"
+#include "kvkit/quant/codecs.hpp"
+
+namespace kvkit::cuda::detail {
+
+//! fmaxf and fminf that return NaN when either input is NaN (one instruction each).
+__device__ inline float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ inline float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+//! The bits of v + 1.5 * 2^23: for |v| < 2^22 the low byte holds rintf(v) (two's complement).
+__device__ inline std::uint32_t round_bits(float v) {
+  return __float_as_uint(__fadd_rn(v, 12582912.0F));
+}
+
+//! Whether x is neither infinite nor NaN.
+__device__ inline bool finite_float(float x) {
+  return (__float_as_uint(x) & 0x7F800000U) != 0x7F800000U;
+}
+
+//! Eight floats stored as T with packed conversions: the bits of from_float for every non-NaN
+//! value (from_float gives one canonical NaN; these keep the NaN's payload).
+template <class T>
+__device__ inline void store8_non_nan(T* dst, const float (&x)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else {
+    std::uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<T, __half>) {
+        const __half2 h = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
+        w[i] = *reinterpret_cast<const std::uint32_t*>(&h);
+      } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+        w[i] = *reinterpret_cast<const std::uint32_t*>(&h);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Decoding: eight codes of one token as they lie in the page.
+
+//! The raw codes of eight values: 16 bytes (16-bit codecs), 8 (8-bit) or 4 (4-bit).
+template <kv_codec C>
+using code_chunk = std::conditional_t<C::bits == 16, uint4,
+                                      std::conditional_t<C::bits == 8, uint2, std::uint32_t>>;
+
+template <kv_codec C>
+__device__ inline code_chunk<C> load_chunk(const std::byte* src) {
+  return *reinterpret_cast<const code_chunk<C>*>(src);
+}
+
+//! What decoding needs of a group's parameters: the scale (int8, int4, fp8) and zero point (int4).
+struct chunk_params {
+  float scale = 1.0F;
+  float zero = 0.0F;
+};
+
+//! Reads the parameters stored at `at` (per-token codecs), without the reciprocal that encoding
+//! needs.
+template <kv_codec C>
+__device__ inline chunk_params load_chunk_params(const std::byte* at) {
+  if constexpr (std::is_same_v<C, int8_codec>) {
+    return {*reinterpret_cast<const float*>(at), 0.0F};
+  } else {
+    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(at);
+    return {fp16_bits_to_float(static_cast<std::uint16_t>(w & 0xFFFFU)),
+            fp16_bits_to_float(static_cast<std::uint16_t>(w >> 16))};
+  }
+}
+
+//! The 16-bit element type a passthrough codec stores (void for other codecs).
+template <kv_codec C>
+using passthrough_element =
+    std::conditional_t<std::is_same_v<C, bf16_codec>, __nv_bfloat16,
+                       std::conditional_t<std::is_same_v<C, fp16_codec>, __half, void>>;
+
+//! Decodes eight values as C::decode does; false (x undefined) when a code is NaN or a parameter
+//! is not finite, where the scalar path must run instead.
+template <kv_codec C>
+__device__ inline bool decode8(const code_chunk<C>& c, const chunk_params& p, float (&x)[8]) {
+  if constexpr (C::bits == 16) {
+    const std::uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    // A half is NaN when its magnitude bits exceed the infinity's: adding (0x7FFF - inf) carries
+    // into bit 15 exactly then.
+    constexpr std::uint32_t nan_carry = std::is_same_v<C, bf16_codec> ? 0x007F007FU : 0x03FF03FFU;
+    std::uint32_t nan = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      nan |= ((w[i] & 0x7FFF7FFFU) + nan_carry) & 0x80008000U;
+      if constexpr (std::is_same_v<C, bf16_codec>) {
+        x[2 * i] = __uint_as_float(w[i] << 16);
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000U);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+        x[2 * i] = f.x;
+        x[2 * i + 1] = f.y;
+      }
+    }
+    return nan == 0;
+  } else if constexpr (C::scaling == kv_scaling::static_per_head) { // fp8
+    const std::uint32_t w[2] = {c.x, c.y};
+    constexpr bool e4m3 = C::format == fp8_format::e4m3;
+    // NaN codes: e4m3 S.1111.111; e5m2 S.11111.xx (Inf too, sent to the scalar path as well).
+    constexpr std::uint32_t mask = e4m3 ? 0x7F7F7F7FU : 0x7C7C7C7CU;
+    constexpr std::uint32_t add = e4m3 ? 0x01010101U : 0x04040404U;
+    std::uint32_t bad = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      bad |= ((w[i] & mask) + add) & 0x80808080U;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const auto pair = static_cast<std::uint16_t>(w[i] >> (16 * h));
+        std::uint32_t halves;
+        if constexpr (e4m3) {
+          asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
+        } else {
+          asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(halves) : "h"(pair));
+        }
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves));
+        x[4 * i + 2 * h] = __fmul_rn(f.x, p.scale);
+        x[4 * i + 2 * h + 1] = __fmul_rn(f.y, p.scale);
+      }
+    }
+    return bad == 0;
+  } else if constexpr (C::bits == 8) {                                 // int8: float(q) * scale
+    const std::uint32_t w[2] = {c.x ^ 0x80808080U, c.y ^ 0x80808080U}; // q + 128, unsigned
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t bits = __byte_perm(w[i / 4], 0x4B000000U, 0x7650U | (i % 4));
+      x[i] = __fmul_rn(__fsub_rn(__uint_as_float(bits), 8388736.0F), p.scale);
+    }
+    return finite_float(p.scale);
+  } else { // int4: fma(float(code), scale, zero)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float code = __uint_as_float(((c >> (4 * i)) & 0xFU) | 0x4B000000U);
+      x[i] = __fmaf_rn(__fsub_rn(code, 8388608.0F), p.scale, p.zero);
+    }
+    return finite_float(p.scale) && finite_float(p.zero);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Encoding: 32 adjacent values of one token (a lane's run), per-token-parameter codecs.
+
+//! Codes of 32 values: 32 bytes (int8) or 16 bytes (int4).
+template <kv_codec C>
+struct run_codes {
+  uint4 word[C::bits == 8 ? 2 : 1];
+};
+
+//! The largest |x| of a run; NaN when the run holds a NaN, Inf when it holds an Inf.
+__device__ inline float run_amax(const float (&x)[32]) {
+  float m = 0.0F;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    m = max_nan(m, fabsf(x[i]));
+  }
+  return m;
+}
+
+//! The least and largest values of a run; NaN when the run holds a NaN.
+__device__ inline void run_range(const float (&x)[32], float& lo, float& hi) {
+  lo = x[0];
+  hi = x[0];
+#pragma unroll
+  for (int i = 1; i < 32; ++i) {
+    lo = min_nan(lo, x[i]);
+    hi = max_nan(hi, x[i]);
+  }
+}
+
+//! int8 codes of a run, as int8_codec::encode gives them for finite x and a finite `inv`: the
+//! product's rounding stays below 127.5 in magnitude, so no clamp is needed, and a zero scale
+//! (inv 0) gives code 0.
+__device__ inline run_codes<int8_codec> encode_run_int8(const float (&x)[32], float inv) {
+  run_codes<int8_codec> out;
+  std::uint32_t w[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const std::uint32_t t0 = round_bits(__fmul_rn(x[4 * j], inv));
+    const std::uint32_t t1 = round_bits(__fmul_rn(x[4 * j + 1], inv));
+    const std::uint32_t t2 = round_bits(__fmul_rn(x[4 * j + 2], inv));
+    const std::uint32_t t3 = round_bits(__fmul_rn(x[4 * j + 3], inv));
+    w[j] = __byte_perm(__byte_perm(t0, t1, 0x0040U), __byte_perm(t2, t3, 0x0040U), 0x5410U);
+  }
+  out.word[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  out.word[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  return out;
+}
+
+//! int4 codes of a run, as encode_min_max gives them for finite x: the clamp to [0, 15] comes
+//! before the rounding (same codes), a zero scale (inv 0) gives 0, and so does a NaN product.
+__device__ inline run_codes<int4_group_codec<32>> encode_run_int4(const float (&x)[32], float zero,
+                                                                  float inv) {
+  run_codes<int4_group_codec<32>> out;
+  std::uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    std::uint32_t t[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float v = __fmul_rn(__fsub_rn(x[8 * j + i], zero), inv);
+      t[i] = round_bits(fminf(fmaxf(v, 0.0F), 15.0F)); // low byte: the code, 0..15
+    }
+    const std::uint32_t even =
+        __byte_perm(__byte_perm(t[0], t[2], 0x0040U), __byte_perm(t[4], t[6], 0x0040U), 0x5410U);
+    const std::uint32_t odd =
+        __byte_perm(__byte_perm(t[1], t[3], 0x0040U), __byte_perm(t[5], t[7], 0x0040U), 0x5410U);
+    w[j] = even | (odd << 4);
+  }
+  out.word[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  return out;
+}
+
+} // namespace kvkit::cuda::detail
