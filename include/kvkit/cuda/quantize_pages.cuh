@@ -195,9 +195,17 @@ __device__ inline typename C::params group_params(const float (&x)[N], int lanes
 // keeps this many 16-byte accesses in flight.
 inline constexpr std::int32_t tokens_per_cta = 4;
 
-// Quantizes up to tokens_per_cta token rows of one region (K or V): row u is read from
-// rows.src(u) (nullptr when there is no such token) and written as token rows.token(u) of page
-// rows.page(u). Shared by whole-page quantization and write_kv.
+// Where a token row comes from and goes: its input (nullptr when there is no such token), its
+// page and its token index in the page.
+template <class T>
+struct row_ref {
+  const T* src;
+  std::byte* page;
+  std::int32_t token;
+};
+
+// Quantizes up to tokens_per_cta token rows of one region (K or V): row u is rows.row(u). Shared
+// by whole-page quantization and write_kv.
 template <kv_codec C, class Layout, class Rows>
 __device__ void quantize_token_rows(const Layout& l, const Rows& rows, std::int64_t data_offset,
                                     std::int64_t param_offset, const float* scales) {
@@ -212,12 +220,13 @@ __device__ void quantize_token_rows(const Layout& l, const Rows& rows, std::int6
     const auto channel = static_cast<std::int32_t>(chunk % cpr) * 8;
     bool valid[tokens_per_cta];
     float x[tokens_per_cta][8];
+    decltype(rows.row(0)) r[tokens_per_cta];
 #pragma unroll
     for (int u = 0; u < tokens_per_cta; ++u) {
-      const auto* src = rows.src(u);
-      valid[u] = chunk < chunks && src != nullptr;
+      r[u] = rows.row(u);
+      valid[u] = chunk < chunks && r[u].src != nullptr;
       if (valid[u]) {
-        load8(src + static_cast<std::int64_t>(chunk) * 8, x[u]);
+        load8(r[u].src + static_cast<std::int64_t>(chunk) * 8, x[u]);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -230,8 +239,8 @@ __device__ void quantize_token_rows(const Layout& l, const Rows& rows, std::int6
     for (int u = 0; u < tokens_per_cta; ++u) {
       const auto p = group_params<C>(x[u], lanes, scale);
       if (valid[u]) {
-        const std::int32_t token = rows.token(u);
-        std::byte* page = rows.page(u);
+        const std::int32_t token = r[u].token;
+        std::byte* page = r[u].page;
         std::uint32_t q[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -257,9 +266,9 @@ struct page_rows {
   std::int32_t token0;
   std::int32_t tokens;
   std::byte* dest;
-  __device__ const T* src(int u) const { return u < tokens ? first + u * row_elems : nullptr; }
-  __device__ std::int32_t token(int u) const { return token0 + u; }
-  __device__ std::byte* page(int /*u*/) const { return dest; }
+  __device__ row_ref<T> row(int u) const {
+    return {u < tokens ? first + u * row_elems : nullptr, dest, token0 + u};
+  }
 };
 
 template <kv_codec C, class Layout, class T>
@@ -287,14 +296,28 @@ struct slot_rows {
   std::byte* cache;
   std::int64_t bytes_per_page;
   std::int32_t page_size;
-  __device__ std::int64_t slot(int u) const {
-    return first_token + u < num_tokens ? slots[first_token + u] : -1;
+  __device__ row_ref<T> row(int u) const {
+    const std::int64_t slot = first_token + u < num_tokens ? slots[first_token + u] : -1;
+    if (slot < 0) {
+      return {nullptr, nullptr, 0};
+    }
+    // The slot's page and offset without a 64-bit division where a shift or a 32-bit one will do.
+    std::int64_t block;
+    std::int32_t offset;
+    if ((page_size & (page_size - 1)) == 0) {
+      block = slot >> (__ffs(page_size) - 1);
+      offset = static_cast<std::int32_t>(slot & (page_size - 1));
+    } else if (slot <= 0xFFFFFFFFLL) {
+      const auto b32 = static_cast<std::uint32_t>(slot) / static_cast<std::uint32_t>(page_size);
+      block = b32;
+      offset = static_cast<std::int32_t>(static_cast<std::uint32_t>(slot) -
+                                         b32 * static_cast<std::uint32_t>(page_size));
+    } else {
+      block = slot / page_size;
+      offset = static_cast<std::int32_t>(slot - block * page_size);
+    }
+    return {first + u * row_elems, cache + block * bytes_per_page, offset};
   }
-  __device__ const T* src(int u) const { return slot(u) >= 0 ? first + u * row_elems : nullptr; }
-  __device__ std::int32_t token(int u) const {
-    return static_cast<std::int32_t>(slot(u) % page_size);
-  }
-  __device__ std::byte* page(int u) const { return cache + slot(u) / page_size * bytes_per_page; }
 };
 
 template <kv_codec C, class Layout, class T>
@@ -375,6 +398,12 @@ __global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
   }
 }
 
+// Registers a thread of the runs kernels may use: with 16-bit inputs (a run in 16 registers) 40
+// lets 12 CTAs of 128 threads share an SM, so enough warps hide the latency of each run's chain
+// (loads, reduction, division, codes); float inputs take twice the registers.
+template <class T>
+inline constexpr int run_kernel_registers = sizeof(T) == 4 ? 64 : 40;
+
 // Channels one lane of quantize_runs_kernel handles.
 inline constexpr std::int32_t lane_channels = 32;
 
@@ -385,6 +414,44 @@ __device__ inline int run_group_lanes(std::int32_t head_dim) {
     return C::group_size / lane_channels;
   } else {
     return head_dim / lane_channels;
+  }
+}
+
+// The parameters the codec's scalar code derives for a lane's run and the lanes sharing its group
+// (non-finite values left out), reduced across those lanes. Every lane of the warp must call it.
+template <kv_codec C, class V>
+__device__ inline typename C::params exact_run_params(const V& x, int lanes) {
+  if constexpr (C::scaling == kv_scaling::per_token_head) {
+    float amax = 0.0F;
+#pragma unroll
+    for (int i = 0; i < lane_channels; ++i) {
+      const float a = fabsf(x.fresh(i));
+      amax = kvkit::detail::finite(a) && a > amax ? a : amax;
+    }
+    for (int off = lanes / 2; off > 0; off /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFU, amax, off));
+    }
+    return C::from_amax(amax);
+  } else {
+    const float inf = __int_as_float(0x7F800000);
+    float lo = inf;
+    float hi = -inf;
+    int any = 0;
+#pragma unroll
+    for (int i = 0; i < lane_channels; ++i) {
+      const float v = x.fresh(i);
+      if (kvkit::detail::finite(v)) {
+        lo = fminf(lo, v);
+        hi = fmaxf(hi, v);
+        any = 1;
+      }
+    }
+    for (int off = lanes / 2; off > 0; off /= 2) {
+      lo = fminf(lo, __shfl_xor_sync(0xFFFFFFFFU, lo, off));
+      hi = fmaxf(hi, __shfl_xor_sync(0xFFFFFFFFU, hi, off));
+      any |= __shfl_xor_sync(0xFFFFFFFFU, any, off);
+    }
+    return C::from_range({lo, hi, any != 0});
   }
 }
 
@@ -409,30 +476,16 @@ __device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int6
     const std::uint32_t item = base + (threadIdx.x & 31U);
     const auto t = static_cast<int>(item / cpt);
     const std::uint32_t run = item % cpt;
-    const auto* src = item < items ? rows.src(t) : nullptr;
+    const auto r = item < items ? rows.row(t) : decltype(rows.row(0)){nullptr, nullptr, 0};
+    const auto* src = r.src;
     const bool valid = src != nullptr;
     const auto head = static_cast<std::int32_t>(run / rph);
     const auto channel = static_cast<std::int32_t>(run % rph) * lane_channels;
-    float x[lane_channels];
+    run_values<std::remove_cv_t<std::remove_pointer_t<decltype(src)>>> x;
     if (valid) {
-      const auto* at = src + static_cast<std::int64_t>(run) * lane_channels;
-      float part[4][8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        load8(at + 8 * j, part[j]);
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          x[8 * j + i] = part[j][i];
-        }
-      }
+      x.load(src + static_cast<std::int64_t>(run) * lane_channels);
     } else {
-#pragma unroll
-      for (int i = 0; i < lane_channels; ++i) {
-        x[i] = 0.0F;
-      }
+      x.clear();
     }
     // The straight-line path: the group's range (or largest magnitude), NaN-propagating.
     typename C::params p;
@@ -458,11 +511,11 @@ __device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int6
     }
     const bool fast = __all_sync(0xFFFFFFFFU, finite_group);
     if (!fast) {
-      p = group_params<C>(x, lanes, 1.0F); // every lane: the shuffles use the full mask
+      p = exact_run_params<C>(x, lanes); // every lane: the shuffles use the full mask
     }
     if (valid) {
-      const std::int32_t token = rows.token(t);
-      std::byte* page = rows.page(t);
+      const std::int32_t token = r.token;
+      std::byte* page = r.page;
       std::byte* out = page + data_offset + l.element_index(token, head, channel) * C::bits / 8;
       if (fast) {
         if constexpr (C::scaling == kv_scaling::per_token_head) {
@@ -478,7 +531,7 @@ __device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int6
           std::uint32_t q[8];
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
-            q[i] = C::encode(x[8 * j + i], p);
+            q[i] = C::encode(x.fresh(8 * j + i), p);
           }
           store_codes<C>(out + 8 * j * C::bits / 8, q);
         }
@@ -492,9 +545,9 @@ __device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int6
 }
 
 template <kv_codec C, class Layout, class T>
-__global__ void quantize_runs_kernel(Layout l, const T* src, std::byte* cache,
-                                     const std::int32_t* page_ids, std::int64_t data_offset,
-                                     std::int64_t param_offset) {
+__global__ void __maxnreg__(run_kernel_registers<T>)
+    quantize_runs_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
+                         std::int64_t data_offset, std::int64_t param_offset) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
   const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
@@ -506,9 +559,9 @@ __global__ void quantize_runs_kernel(Layout l, const T* src, std::byte* cache,
 }
 
 template <kv_codec C, class Layout, class T>
-__global__ void write_kv_runs_kernel(Layout l, const T* src, const std::int64_t* slots,
-                                     std::int32_t num_tokens, std::byte* cache,
-                                     std::int64_t data_offset, std::int64_t param_offset) {
+__global__ void __maxnreg__(run_kernel_registers<T>)
+    write_kv_runs_kernel(Layout l, const T* src, const std::int64_t* slots, std::int32_t num_tokens,
+                         std::byte* cache, std::int64_t data_offset, std::int64_t param_offset) {
   const auto first = static_cast<std::int32_t>(blockIdx.x) * tokens_per_cta;
   const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
   const slot_rows<T> rows{src + first * row_elems, row_elems,    slots, first, num_tokens, cache,

@@ -173,6 +173,58 @@ __device__ inline bool decode8(const code_chunk<C>& c, const chunk_params& p, fl
 // ------------------------------------------------------------------------------------------------
 // Encoding: 32 adjacent values of one token (a lane's run), per-token-parameter codecs.
 
+//! A lane's run of 32 adjacent input values, kept as loaded (16-bit types two to a register, so a
+//! run takes 16 registers instead of 32) and widened to float where used.
+template <class T>
+struct run_values {
+  static constexpr int per_vector = 16 / static_cast<int>(sizeof(T)); // values per 16 bytes
+  uint4 v[32 / per_vector];
+
+  __device__ void load(const T* src) {
+#pragma unroll
+    for (int j = 0; j < 32 / per_vector; ++j) {
+      v[j] = reinterpret_cast<const uint4*>(src)[j];
+    }
+  }
+  __device__ void clear() {
+#pragma unroll
+    for (int j = 0; j < 32 / per_vector; ++j) {
+      v[j] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // Value i (a constant once loops are unrolled).
+  __device__ float operator[](int i) const {
+    return widen(word(i), i);
+  }
+
+  // Value i widened anew: the compiler cannot reuse an earlier widening, so the 32 floats of a
+  // run are not kept alive from the range pass to the coding pass (the run stays 16 registers).
+  __device__ float fresh(int i) const {
+    std::uint32_t w = word(i);
+    asm volatile("" : "+r"(w));
+    return widen(w, i);
+  }
+
+private:
+  __device__ std::uint32_t word(int i) const {
+    const uint4& q = v[i / per_vector];
+    const int k = (i % per_vector) / (std::is_same_v<T, float> ? 1 : 2);
+    return k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
+  }
+  __device__ static float widen(std::uint32_t w, int i) {
+    const int k = i % per_vector;
+    if constexpr (std::is_same_v<T, float>) {
+      return __uint_as_float(w);
+    } else {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        return __uint_as_float(k % 2 == 0 ? w << 16 : w & 0xFFFF0000U);
+      } else {
+        return fp16_bits_to_float(static_cast<std::uint16_t>(k % 2 == 0 ? w & 0xFFFFU : w >> 16));
+      }
+    }
+  }
+};
+
 //! Codes of 32 values: 32 bytes (int8) or 16 bytes (int4).
 template <kv_codec C>
 struct run_codes {
@@ -180,7 +232,8 @@ struct run_codes {
 };
 
 //! The largest |x| of a run; NaN when the run holds a NaN, Inf when it holds an Inf.
-__device__ inline float run_amax(const float (&x)[32]) {
+template <class V>
+__device__ inline float run_amax(const V& x) {
   float m = 0.0F;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
@@ -190,7 +243,8 @@ __device__ inline float run_amax(const float (&x)[32]) {
 }
 
 //! The least and largest values of a run; NaN when the run holds a NaN.
-__device__ inline void run_range(const float (&x)[32], float& lo, float& hi) {
+template <class V>
+__device__ inline void run_range(const V& x, float& lo, float& hi) {
   lo = x[0];
   hi = x[0];
 #pragma unroll
@@ -203,15 +257,16 @@ __device__ inline void run_range(const float (&x)[32], float& lo, float& hi) {
 //! int8 codes of a run, as int8_codec::encode gives them for finite x and a finite `inv`: the
 //! product's rounding stays below 127.5 in magnitude, so no clamp is needed, and a zero scale
 //! (inv 0) gives code 0.
-__device__ inline run_codes<int8_codec> encode_run_int8(const float (&x)[32], float inv) {
+template <class V>
+__device__ inline run_codes<int8_codec> encode_run_int8(const V& x, float inv) {
   run_codes<int8_codec> out;
   std::uint32_t w[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const std::uint32_t t0 = round_bits(__fmul_rn(x[4 * j], inv));
-    const std::uint32_t t1 = round_bits(__fmul_rn(x[4 * j + 1], inv));
-    const std::uint32_t t2 = round_bits(__fmul_rn(x[4 * j + 2], inv));
-    const std::uint32_t t3 = round_bits(__fmul_rn(x[4 * j + 3], inv));
+    const std::uint32_t t0 = round_bits(__fmul_rn(x.fresh(4 * j), inv));
+    const std::uint32_t t1 = round_bits(__fmul_rn(x.fresh(4 * j + 1), inv));
+    const std::uint32_t t2 = round_bits(__fmul_rn(x.fresh(4 * j + 2), inv));
+    const std::uint32_t t3 = round_bits(__fmul_rn(x.fresh(4 * j + 3), inv));
     w[j] = __byte_perm(__byte_perm(t0, t1, 0x0040U), __byte_perm(t2, t3, 0x0040U), 0x5410U);
   }
   out.word[0] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -221,7 +276,8 @@ __device__ inline run_codes<int8_codec> encode_run_int8(const float (&x)[32], fl
 
 //! int4 codes of a run, as encode_min_max gives them for finite x: the clamp to [0, 15] comes
 //! before the rounding (same codes), a zero scale (inv 0) gives 0, and so does a NaN product.
-__device__ inline run_codes<int4_group_codec<32>> encode_run_int4(const float (&x)[32], float zero,
+template <class V>
+__device__ inline run_codes<int4_group_codec<32>> encode_run_int4(const V& x, float zero,
                                                                   float inv) {
   run_codes<int4_group_codec<32>> out;
   std::uint32_t w[4];
@@ -230,7 +286,7 @@ __device__ inline run_codes<int4_group_codec<32>> encode_run_int4(const float (&
     std::uint32_t t[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float v = __fmul_rn(__fsub_rn(x[8 * j + i], zero), inv);
+      const float v = __fmul_rn(__fsub_rn(x.fresh(8 * j + i), zero), inv);
       t[i] = round_bits(fminf(fmaxf(v, 0.0F), 15.0F)); // low byte: the code, 0..15
     }
     const std::uint32_t even =
