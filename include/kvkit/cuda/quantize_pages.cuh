@@ -195,6 +195,18 @@ __device__ inline typename C::params group_params(const float (&x)[N], int lanes
 // keeps this many 16-byte accesses in flight.
 inline constexpr std::int32_t tokens_per_cta = 4;
 
+// Page offsets are linear in the token: the step from one token to the next, in elements of the
+// data region and in parameter sets.
+template <class Layout>
+__device__ inline std::int32_t token_step(const Layout& l) {
+  return static_cast<std::int32_t>(l.element_index(1, 0, 0) - l.element_index(0, 0, 0));
+}
+template <kv_codec C, class Layout>
+__device__ inline std::int32_t param_token_step(const Layout& l) {
+  return static_cast<std::int32_t>(l.template param_index<C>(1, 0, 0) -
+                                   l.template param_index<C>(0, 0, 0));
+}
+
 // Where a token row comes from and goes: its input (nullptr when there is no such token), its
 // page and its token index in the page.
 template <class T>
@@ -214,10 +226,15 @@ __device__ void quantize_token_rows(const Layout& l, const Rows& rows, std::int6
   const int lanes = group_lanes<C>(l.head_dim());
   const std::int32_t group =
       C::scaling == kv_scaling::per_token_group ? C::group_size : l.head_dim();
+  const std::int32_t code_step = token_step(l);
+  const std::int32_t param_step = param_token_step<C>(l);
   for (std::uint32_t base = threadIdx.x & ~31U; base < chunks; base += blockDim.x) {
     const std::uint32_t chunk = base + (threadIdx.x & 31U);
     const auto head = static_cast<std::int32_t>(chunk / cpr);
     const auto channel = static_cast<std::int32_t>(chunk % cpr) * 8;
+    // Offsets of token 0's chunk (elements, parameter sets); each token adds its steps.
+    const auto codes_at = static_cast<std::int32_t>(l.element_index(0, head, channel));
+    const auto params_at = static_cast<std::int32_t>(l.template param_index<C>(0, head, channel));
     bool valid[tokens_per_cta];
     float x[tokens_per_cta][8];
     decltype(rows.row(0)) r[tokens_per_cta];
@@ -246,11 +263,10 @@ __device__ void quantize_token_rows(const Layout& l, const Rows& rows, std::int6
         for (int i = 0; i < 8; ++i) {
           q[i] = C::encode(x[u][i], p);
         }
-        store_codes<C>(page + data_offset + l.element_index(token, head, channel) * C::bits / 8, q);
+        store_codes<C>(page + data_offset + (codes_at + token * code_step) * C::bits / 8, q);
         if constexpr (C::param_bytes > 0) {
           if (channel % group == 0) {
-            C::store(p, page + param_offset +
-                            l.template param_index<C>(token, head, channel) * C::param_bytes);
+            C::store(p, page + param_offset + (params_at + token * param_step) * C::param_bytes);
           }
         }
       }
@@ -337,61 +353,65 @@ __global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
                                        std::int64_t param_offset, T* dst, const float* scales) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
+  const std::int32_t tokens = min(tokens_per_cta, l.page_size() - token0);
   const std::byte* page =
       cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
   const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8);
   const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
-  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+  const std::int32_t row_elems = l.num_kv_heads() * l.head_dim();
+  const std::int32_t code_step = token_step(l) * C::bits / 8; // bytes
+  const std::int32_t param_step = param_token_step<C>(l) * C::param_bytes;
   T* rows = dst + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems;
   for (std::uint32_t chunk = threadIdx.x; chunk < chunks; chunk += blockDim.x) {
     const auto head = static_cast<std::int32_t>(chunk / cpr);
     const auto channel = static_cast<std::int32_t>(chunk % cpr) * 8;
+    const std::byte* codes_at =
+        page + data_offset +
+        static_cast<std::int32_t>(l.element_index(token0, head, channel)) * C::bits / 8;
+    const std::byte* params_at =
+        page + param_offset +
+        static_cast<std::int32_t>(l.template param_index<C>(token0, head, channel)) *
+            C::param_bytes;
+    T* out = rows + chunk * 8;
     // Codes and parameters of every token first, so their loads are in flight together.
     code_chunk<C> codes[tokens_per_cta];
     chunk_params p[tokens_per_cta];
-    const std::byte* params[tokens_per_cta];
 #pragma unroll
     for (int u = 0; u < tokens_per_cta; ++u) {
-      const std::int32_t token = token0 + u;
-      if (token < l.page_size()) {
-        codes[u] =
-            load_chunk<C>(page + data_offset + l.element_index(token, head, channel) * C::bits / 8);
-        params[u] = nullptr;
+      if (u < tokens) {
+        codes[u] = load_chunk<C>(codes_at + u * code_step);
         if constexpr (C::scaling == kv_scaling::static_per_head) {
           p[u] = {scales[head], 0.0F};
         } else if constexpr (C::param_bytes > 0) {
-          params[u] = page + param_offset +
-                      l.template param_index<C>(token, head, channel) * C::param_bytes;
-          p[u] = load_chunk_params<C>(params[u]);
+          p[u] = load_chunk_params<C>(params_at + u * param_step);
         }
       }
     }
 #pragma unroll
     for (int u = 0; u < tokens_per_cta; ++u) {
-      if (token0 + u < l.page_size()) {
-        T* out = rows + u * row_elems + static_cast<std::int64_t>(chunk) * 8;
+      if (u < tokens) {
+        T* o = out + u * row_elems;
         float x[8];
         if (decode8<C>(codes[u], p[u], x)) {
           if constexpr (std::is_same_v<passthrough_element<C>, T>) {
-            *reinterpret_cast<uint4*>(out) = codes[u]; // decode then encode: the same bits
+            *reinterpret_cast<uint4*>(o) = codes[u]; // decode then encode: the same bits
           } else {
-            store8_non_nan(out, x);
+            store8_non_nan(o, x);
           }
         } else { // NaN codes or parameters: the codec's scalar code, which canonicalizes NaN
           std::uint32_t q[8];
-          load_codes<C>(
-              page + data_offset + l.element_index(token0 + u, head, channel) * C::bits / 8, q);
+          load_codes<C>(codes_at + u * code_step, q);
           typename C::params cp{};
           if constexpr (C::scaling == kv_scaling::static_per_head) {
             cp = C::with_scale(scales[head]);
           } else if constexpr (C::param_bytes > 0) {
-            cp = C::load(params[u]);
+            cp = C::load(params_at + u * param_step);
           }
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             x[i] = C::decode(q[i], cp);
           }
-          store8(out, x);
+          store8(o, x);
         }
       }
     }
@@ -506,8 +526,9 @@ __device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int6
         lo = min_nan(lo, __shfl_xor_sync(0xFFFFFFFFU, lo, off));
         hi = max_nan(hi, __shfl_xor_sync(0xFFFFFFFFU, hi, off));
       }
-      finite_group = lo > -inf && hi < inf;
       p = C::from_range({lo, hi, true});
+      // Saturated parameters (a range beyond fp16's) need the scalar encoder's clamps.
+      finite_group = lo >= -65504.0F && hi < inf && p.scale < 65504.0F;
     }
     const bool fast = __all_sync(0xFFFFFFFFU, finite_group);
     if (!fast) {

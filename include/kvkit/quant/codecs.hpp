@@ -82,7 +82,15 @@ struct finite_range {
   // Parameters are fp16: a range beyond ±65504 saturates rather than becoming infinite.
   constexpr float fp16_max = 65504.0F;
   const float lo = r.lo < -fp16_max ? -fp16_max : (r.lo > fp16_max ? fp16_max : r.lo);
-  const float zero = fp16_bits_to_float(float_to_fp16_bits(lo));
+  // The zero point is rounded down, never up: no value of the range lies below it, so no value
+  // is clipped at code 0 (and an encoder needs no lower clamp).
+  std::uint16_t zero_bits = float_to_fp16_bits(lo);
+  if (fp16_bits_to_float(zero_bits) > lo) {
+    zero_bits = (zero_bits & 0x7FFFU) == 0   ? std::uint16_t{0x8001}
+                : (zero_bits & 0x8000U) != 0 ? static_cast<std::uint16_t>(zero_bits + 1U)
+                                             : static_cast<std::uint16_t>(zero_bits - 1U);
+  }
+  const float zero = fp16_bits_to_float(zero_bits);
   const float top = r.hi > zero ? r.hi : zero;
   const float step = (top - zero) / levels;
   float scale = fp16_bits_to_float(float_to_fp16_bits(step < fp16_max ? step : fp16_max));

@@ -242,15 +242,36 @@ __device__ inline float run_amax(const V& x) {
   return m;
 }
 
-//! The least and largest values of a run; NaN when the run holds a NaN.
-template <class V>
-__device__ inline void run_range(const V& x, float& lo, float& hi) {
-  lo = x[0];
-  hi = x[0];
+//! The least and largest values of a run; NaN when the run holds a NaN. 16-bit inputs are
+//! compared two at a time in their own format (exact: widening preserves order).
+template <class T>
+__device__ inline void run_range(const run_values<T>& x, float& lo, float& hi) {
+  if constexpr (std::is_same_v<T, float>) {
+    lo = x[0];
+    hi = x[0];
 #pragma unroll
-  for (int i = 1; i < 32; ++i) {
-    lo = min_nan(lo, x[i]);
-    hi = max_nan(hi, x[i]);
+    for (int i = 1; i < 32; ++i) {
+      lo = min_nan(lo, x[i]);
+      hi = max_nan(hi, x[i]);
+    }
+  } else {
+    using pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    const auto as_pair = [](std::uint32_t w) {
+      return *reinterpret_cast<const pair*>(&w);
+    };
+    pair l = as_pair(x.v[0].x);
+    pair h = l;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const std::uint32_t w[4] = {x.v[j].x, x.v[j].y, x.v[j].z, x.v[j].w};
+#pragma unroll
+      for (int k = j == 0 ? 1 : 0; k < 4; ++k) {
+        l = __hmin2_nan(l, as_pair(w[k]));
+        h = __hmax2_nan(h, as_pair(w[k]));
+      }
+    }
+    lo = min_nan(__low2float(l), __high2float(l));
+    hi = max_nan(__low2float(h), __high2float(h));
   }
 }
 
@@ -274,8 +295,10 @@ __device__ inline run_codes<int8_codec> encode_run_int8(const V& x, float inv) {
   return out;
 }
 
-//! int4 codes of a run, as encode_min_max gives them for finite x: the clamp to [0, 15] comes
-//! before the rounding (same codes), a zero scale (inv 0) gives 0, and so does a NaN product.
+//! int4 codes of a run, as encode_min_max gives them for finite x when the parameters are not
+//! saturated (scale below 65504, least value of the group at least -65504): the zero point is at
+//! most the group's least value and 15 steps reach its largest, so (x - zero) * inv lies in
+//! [0, 15.5) and needs no clamp; a zero scale (inv 0) gives code 0.
 template <class V>
 __device__ inline run_codes<int4_group_codec<32>> encode_run_int4(const V& x, float zero,
                                                                   float inv) {
@@ -286,8 +309,8 @@ __device__ inline run_codes<int4_group_codec<32>> encode_run_int4(const V& x, fl
     std::uint32_t t[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float v = __fmul_rn(__fsub_rn(x.fresh(8 * j + i), zero), inv);
-      t[i] = round_bits(fminf(fmaxf(v, 0.0F), 15.0F)); // low byte: the code, 0..15
+      // Low byte: the code, 0..15.
+      t[i] = round_bits(__fmul_rn(__fsub_rn(x.fresh(8 * j + i), zero), inv));
     }
     const std::uint32_t even =
         __byte_perm(__byte_perm(t[0], t[2], 0x0040U), __byte_perm(t[4], t[6], 0x0040U), 0x5410U);
