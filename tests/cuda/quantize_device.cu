@@ -221,6 +221,8 @@ KVKIT_WRITE_KV(l_g32, __nv_bfloat16)
 KVKIT_WRITE_KV(l_e5m2_hnd, __half)
 KVKIT_WRITE_KV(l_int8, __nv_bfloat16)
 KVKIT_WRITE_KV(l_g128_g64, __half)
+using l_e4m3_g32 = paged_layout<kvkit::fp8_e4m3_codec, kvkit::int4_group_codec<32>>;
+KVKIT_WRITE_KV(l_e4m3_g32, __nv_bfloat16)
 KVKIT_WRITE_KV(l_kivi, __nv_bfloat16) // rejected: per-channel K needs whole pages
 
 } // namespace kvkit_test

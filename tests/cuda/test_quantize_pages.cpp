@@ -300,6 +300,9 @@ TEST_CASE("write_kv writes each token into its slot as the reference would", "[c
   check_write_kv<paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 8, 128}, seed + 5);
   check_write_kv<paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<64>>, __half>(
       {16, 2, 256}, seed + 6);
+  // K and V through different quantizers (8-channel rows, 32-channel runs) in one launch.
+  check_write_kv<paged_layout<kvkit::fp8_e4m3_codec, kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+      {16, 8, 128}, seed + 7);
   check_write_kv<paged_layout<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, kv_order::hnd>, __half>(
       {32, 2, 256}, seed + 3);
   // Per-channel K needs whole pages: rejected before launch.

@@ -216,59 +216,79 @@ struct row_ref {
   std::int32_t token;
 };
 
-// Quantizes up to tokens_per_cta token rows of one region (K or V): row u is rows.row(u). Shared
-// by whole-page quantization and write_kv.
+// Eight input values as loaded: one 16-byte vector (16-bit types) or two (float).
+template <class T>
+struct raw8 {
+  uint4 v[sizeof(T) == 4 ? 2 : 1];
+};
+
+template <class T>
+__device__ inline raw8<T> load_raw8(const T* src) {
+  raw8<T> r;
+#pragma unroll
+  for (int j = 0; j < static_cast<int>(sizeof(T)) / 2; ++j) {
+    r.v[j] = reinterpret_cast<const uint4*>(src)[j];
+  }
+  return r;
+}
+
+template <class T>
+__device__ inline void widen8(const raw8<T>& r, float (&x)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint4& q = r.v[sizeof(T) == 4 ? i / 4 : 0];
+    const int k = sizeof(T) == 4 ? i % 4 : i / 2;
+    const std::uint32_t w = k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
+    if constexpr (std::is_same_v<T, float>) {
+      x[i] = __uint_as_float(w);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      x[i] = __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xFFFF0000U);
+    } else {
+      x[i] = fp16_bits_to_float(static_cast<std::uint16_t>(i % 2 == 0 ? w & 0xFFFFU : w >> 16));
+    }
+  }
+}
+
+// Quantizes up to tokens_per_cta token rows of one region (K or V) in a codec without per-token
+// parameters (fp16, bf16, fp8): row u is rows.row(u); thread i takes the i-th chunk of eight
+// channels of every row, so consecutive lanes read consecutive 16 bytes. Inputs stay packed until
+// they are coded. Shared by whole-page quantization and write_kv.
 template <kv_codec C, class Layout, class Rows>
 __device__ void quantize_token_rows(const Layout& l, const Rows& rows, std::int64_t data_offset,
-                                    std::int64_t param_offset, const float* scales) {
+                                    const float* scales) {
+  static_assert(C::scaling == kv_scaling::none || C::scaling == kv_scaling::static_per_head);
+  using T = std::remove_cv_t<std::remove_pointer_t<decltype(rows.row(0).src)>>;
   const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8); // chunks per head
   const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
-  const int lanes = group_lanes<C>(l.head_dim());
-  const std::int32_t group =
-      C::scaling == kv_scaling::per_token_group ? C::group_size : l.head_dim();
   const std::int32_t code_step = token_step(l);
-  const std::int32_t param_step = param_token_step<C>(l);
-  for (std::uint32_t base = threadIdx.x & ~31U; base < chunks; base += blockDim.x) {
-    const std::uint32_t chunk = base + (threadIdx.x & 31U);
+  for (std::uint32_t chunk = threadIdx.x; chunk < chunks; chunk += blockDim.x) {
     const auto head = static_cast<std::int32_t>(chunk / cpr);
     const auto channel = static_cast<std::int32_t>(chunk % cpr) * 8;
-    // Offsets of token 0's chunk (elements, parameter sets); each token adds its steps.
+    // Offset of token 0's chunk (elements); each token adds its step.
     const auto codes_at = static_cast<std::int32_t>(l.element_index(0, head, channel));
-    const auto params_at = static_cast<std::int32_t>(l.template param_index<C>(0, head, channel));
     bool valid[tokens_per_cta];
-    float x[tokens_per_cta][8];
-    decltype(rows.row(0)) r[tokens_per_cta];
+    raw8<T> raw[tokens_per_cta];
 #pragma unroll
     for (int u = 0; u < tokens_per_cta; ++u) {
-      r[u] = rows.row(u);
-      valid[u] = chunk < chunks && r[u].src != nullptr;
+      const auto* src = rows.row(u).src;
+      valid[u] = src != nullptr;
       if (valid[u]) {
-        load8(r[u].src + static_cast<std::int64_t>(chunk) * 8, x[u]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          x[u][i] = 0.0F;
-        }
+        raw[u] = load_raw8(src + static_cast<std::int64_t>(chunk) * 8);
       }
     }
-    const float scale = scales != nullptr && chunk < chunks ? scales[head] : 1.0F;
+    float inv = 1.0F;
+    if constexpr (C::scaling == kv_scaling::static_per_head) {
+      inv = C::with_scale(scales[head]).inv;
+    }
 #pragma unroll
     for (int u = 0; u < tokens_per_cta; ++u) {
-      const auto p = group_params<C>(x[u], lanes, scale);
       if (valid[u]) {
-        const std::int32_t token = r[u].token;
-        std::byte* page = r[u].page;
-        std::uint32_t q[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          q[i] = C::encode(x[u][i], p);
-        }
-        store_codes<C>(page + data_offset + (codes_at + token * code_step) * C::bits / 8, q);
-        if constexpr (C::param_bytes > 0) {
-          if (channel % group == 0) {
-            C::store(p, page + param_offset + (params_at + token * param_step) * C::param_bytes);
-          }
-        }
+        const auto r = rows.row(u); // again, rather than holding four rows' places in registers
+        float x[8];
+        widen8(raw[u], x);
+        *reinterpret_cast<code_chunk<C>*>(r.page + data_offset +
+                                          (codes_at + r.token * code_step) * C::bits / 8) =
+            encode8<C>(x, inv);
       }
     }
   }
@@ -290,7 +310,7 @@ struct page_rows {
 template <kv_codec C, class Layout, class T>
 __global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
                                      const std::int32_t* page_ids, std::int64_t data_offset,
-                                     std::int64_t param_offset, const float* scales) {
+                                     const float* scales) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
   const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
@@ -298,7 +318,7 @@ __global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
       src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems, row_elems,
       token0, l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta,
       cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page()};
-  quantize_token_rows<C>(l, rows, data_offset, param_offset, scales);
+  quantize_token_rows<C>(l, rows, data_offset, scales);
 }
 
 // Rows of new tokens, each to its own slot (`block * page_size + offset`; negative: skip).
@@ -335,17 +355,6 @@ struct slot_rows {
     return {first + u * row_elems, cache + block * bytes_per_page, offset};
   }
 };
-
-template <kv_codec C, class Layout, class T>
-__global__ void write_kv_kernel(Layout l, const T* src, const std::int64_t* slots,
-                                std::int32_t num_tokens, std::byte* cache, std::int64_t data_offset,
-                                std::int64_t param_offset, const float* scales) {
-  const auto first = static_cast<std::int32_t>(blockIdx.x) * tokens_per_cta;
-  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
-  const slot_rows<T> rows{src + first * row_elems, row_elems,    slots, first, num_tokens, cache,
-                          l.bytes_per_page(),      l.page_size()};
-  quantize_token_rows<C>(l, rows, data_offset, param_offset, scales);
-}
 
 template <kv_codec C, class Layout, class T>
 __global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
@@ -579,21 +588,47 @@ __global__ void __maxnreg__(run_kernel_registers<T>)
   quantize_token_runs<C>(l, rows, data_offset, param_offset);
 }
 
+// Whether codec C is quantized by the runs kernels (per-token parameters).
+template <kv_codec C>
+inline constexpr bool quantized_by_runs =
+    C::scaling == kv_scaling::per_token_head || C::scaling == kv_scaling::per_token_group;
+
+// write_kv, one region (K or V): the CTA's tokens_per_cta new tokens, each to its own slot.
 template <kv_codec C, class Layout, class T>
-__global__ void __maxnreg__(run_kernel_registers<T>)
-    write_kv_runs_kernel(Layout l, const T* src, const std::int64_t* slots, std::int32_t num_tokens,
-                         std::byte* cache, std::int64_t data_offset, std::int64_t param_offset) {
+__device__ void write_region(const Layout& l, const T* src, const std::int64_t* slots,
+                             std::int32_t num_tokens, std::byte* cache, std::int64_t data_offset,
+                             std::int64_t param_offset, const float* scales) {
   const auto first = static_cast<std::int32_t>(blockIdx.x) * tokens_per_cta;
   const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
   const slot_rows<T> rows{src + first * row_elems, row_elems,    slots, first, num_tokens, cache,
                           l.bytes_per_page(),      l.page_size()};
-  quantize_token_runs<C>(l, rows, data_offset, param_offset);
+  if constexpr (quantized_by_runs<C>) {
+    quantize_token_runs<C>(l, rows, data_offset, param_offset);
+  } else if constexpr (C::scaling != kv_scaling::per_page_channel) {
+    quantize_token_rows<C>(l, rows, data_offset, scales);
+  } // per-channel codecs need whole pages: validate() rejects them before launch
 }
 
-//! Whether codec C is quantized by the runs kernels (per-token parameters).
-template <kv_codec C>
-inline constexpr bool quantized_by_runs =
-    C::scaling == kv_scaling::per_token_head || C::scaling == kv_scaling::per_token_group;
+// Registers of the write_kv kernel: the runs quantizer's cap when both regions use it, else 48
+// (the rows quantizer's need; 10 CTAs of 128 threads per SM).
+template <kv_codec KC, kv_codec VC, class T>
+inline constexpr int write_kv_registers =
+    quantized_by_runs<KC>&& quantized_by_runs<VC> ? run_kernel_registers<T> : 48;
+
+// write_kv in one launch: blockIdx.y 0 writes K, 1 writes V. Both regions' CTAs need the same
+// threads (tokens_per_cta runs of 32 channels = one chunk of 8 per thread per token).
+template <kv_codec KC, kv_codec VC, class Layout, class T>
+__global__ void __maxnreg__((write_kv_registers<KC, VC, T>))
+    write_kv_kernel(Layout l, const T* k, const T* v, const std::int64_t* slots,
+                    std::int32_t num_tokens, std::byte* cache, const float* static_scales) {
+  if (blockIdx.y == 0) {
+    write_region<KC>(l, k, slots, num_tokens, cache, l.k_data_offset(), l.k_param_offset(),
+                     static_scales);
+  } else {
+    write_region<VC>(l, v, slots, num_tokens, cache, l.v_data_offset(), l.v_param_offset(),
+                     static_scales == nullptr ? nullptr : static_scales + l.num_kv_heads());
+  }
+}
 
 // Per-channel codecs: one CTA per page; a thread owns eight adjacent channels of one head and
 // walks the page's tokens twice (range, then codes), with 16-byte loads.
@@ -712,8 +747,8 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
       quantize_runs_kernel<C><<<grid, run_threads(l), 0, stream>>>(l, elements, b.cache, b.page_ids,
                                                                    data_offset, param_offset);
     } else if constexpr (Quantize) {
-      quantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
-                                                            data_offset, param_offset, scales);
+      quantize_rows_kernel<C>
+          <<<grid, threads, 0, stream>>>(l, elements, b.cache, b.page_ids, data_offset, scales);
     } else {
       dequantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, b.cache, b.page_ids, data_offset,
                                                               param_offset, elements, scales);

@@ -45,31 +45,8 @@ template <class Layout, page_element T>
   return {};
 }
 
-namespace detail {
-
-// One region (K or V): per-token-parameter codecs through the runs quantizer, the others through
-// the 8-channel rows quantizer.
-template <kv_codec C, class Layout, page_element T>
-cudaError_t launch_write(const kv_write<Layout, T>& w, const T* src, std::int64_t data_offset,
-                         std::int64_t param_offset, const float* scales, unsigned blocks,
-                         cudaStream_t stream) {
-  const Layout& l = w.layout;
-  if constexpr (quantized_by_runs<C>) {
-    write_kv_runs_kernel<C><<<blocks, run_threads(l), 0, stream>>>(
-        l, src, w.slots, w.num_tokens, w.cache, data_offset, param_offset);
-  } else {
-    const unsigned threads =
-        threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
-    write_kv_kernel<C><<<blocks, threads, 0, stream>>>(l, src, w.slots, w.num_tokens, w.cache,
-                                                       data_offset, param_offset, scales);
-  }
-  return cudaGetLastError();
-}
-
-} // namespace detail
-
 //! Writes each new token's K and V into its slot, quantizing on the fly with the layout's codecs
-//! (bit-exact with kvkit::reference::quantize_page of the same tokens), in two launches (K, V).
+//! (bit-exact with kvkit::reference::quantize_page of the same tokens), in one launch.
 //! Asynchronous on `stream`; cudaErrorInvalidValue when `validate` fails.
 template <class Layout, page_element T>
 [[nodiscard]] cudaError_t write_kv(const kv_write<Layout, T>& w, cudaStream_t stream) {
@@ -80,16 +57,14 @@ template <class Layout, page_element T>
     return cudaSuccess;
   }
   const Layout& l = w.layout;
-  const auto blocks =
-      static_cast<unsigned>((w.num_tokens + detail::tokens_per_cta - 1) / detail::tokens_per_cta);
-  const float* v_scales = w.static_scales == nullptr ? nullptr : w.static_scales + l.num_kv_heads();
-  if (const cudaError_t e = detail::launch_write<typename Layout::k_codec>(
-          w, w.k, l.k_data_offset(), l.k_param_offset(), w.static_scales, blocks, stream);
-      e != cudaSuccess) {
-    return e;
-  }
-  return detail::launch_write<typename Layout::v_codec>(
-      w, w.v, l.v_data_offset(), l.v_param_offset(), v_scales, blocks, stream);
+  const dim3 grid(
+      static_cast<unsigned>((w.num_tokens + detail::tokens_per_cta - 1) / detail::tokens_per_cta),
+      2);
+  const unsigned threads =
+      detail::threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
+  detail::write_kv_kernel<typename Layout::k_codec, typename Layout::v_codec>
+      <<<grid, threads, 0, stream>>>(l, w.k, w.v, w.slots, w.num_tokens, w.cache, w.static_scales);
+  return cudaGetLastError();
 }
 
 } // namespace kvkit::cuda

@@ -171,6 +171,67 @@ __device__ inline bool decode8(const code_chunk<C>& c, const chunk_params& p, fl
 }
 
 // ------------------------------------------------------------------------------------------------
+// Encoding: eight values with a static scale or none (fp16, bf16, fp8), paired conversions.
+
+//! Codes of eight values as C::encode gives them (x scaled by `inv` first for fp8): packed
+//! conversions, then NaN codes made canonical as the scalar code makes them.
+template <kv_codec C>
+__device__ inline code_chunk<C> encode8(const float (&x)[8], float inv) {
+  if constexpr (C::bits == 16) {
+    std::uint32_t w[4];
+    std::uint32_t nan = 0;
+    constexpr std::uint32_t nan_carry = std::is_same_v<C, bf16_codec> ? 0x007F007FU : 0x03FF03FFU;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<C, bf16_codec>) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+        w[i] = *reinterpret_cast<const std::uint32_t*>(&h);
+      } else {
+        const __half2 h = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
+        w[i] = *reinterpret_cast<const std::uint32_t*>(&h);
+      }
+      nan |= ((w[i] & 0x7FFF7FFFU) + nan_carry) & 0x80008000U;
+    }
+    if (nan != 0) { // rare: the scalar conversion gives the canonical NaN 0x7FFF
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[i] = C::encode(x[2 * i], {}) | (C::encode(x[2 * i + 1], {}) << 16);
+      }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  } else { // fp8
+    constexpr bool e4m3 = C::format == fp8_format::e4m3;
+    std::uint32_t w[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      std::uint16_t lo;
+      std::uint16_t hi;
+      const float a = __fmul_rn(x[4 * i], inv);
+      const float b = __fmul_rn(x[4 * i + 1], inv);
+      const float c = __fmul_rn(x[4 * i + 2], inv);
+      const float d = __fmul_rn(x[4 * i + 3], inv);
+      if constexpr (e4m3) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+      } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+      }
+      std::uint32_t v = static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+      // Saturation keeps every non-NaN result off the exponent-all-ones codes, so those are the
+      // NaNs: make each 0x7F, the scalar code's NaN.
+      constexpr std::uint32_t mask = e4m3 ? 0x7F7F7F7FU : 0x7C7C7C7CU;
+      constexpr std::uint32_t add = e4m3 ? 0x01010101U : 0x04040404U;
+      const std::uint32_t nan_bytes = (((v & mask) + add) & 0x80808080U) >> 7; // 1 per NaN byte
+      const std::uint32_t nan_mask = nan_bytes * 0xFFU;
+      v = (v & ~nan_mask) | (0x7F7F7F7FU & nan_mask);
+      w[i] = v;
+    }
+    return make_uint2(w[0], w[1]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // Encoding: 32 adjacent values of one token (a lane's run), per-token-parameter codecs.
 
 //! A lane's run of 32 adjacent input values, kept as loaded (16-bit types two to a register, so a
