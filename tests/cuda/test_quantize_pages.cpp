@@ -186,6 +186,8 @@ TEST_CASE("GPU page quantization matches the reference on ties, signed zeros and
   check<paged_layout<kvkit::int4_group_codec<128>>, __half>({8, 4, 128}, 11, seed + 3, true);
   check<paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>({16, 8, 128}, 7, seed + 4, true);
   check<paged_layout<kvkit::bf16_codec>, __nv_bfloat16>({16, 8, 128}, 7, seed + 5, true);
+  check<paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<128>>, __nv_bfloat16>(
+      {16, 8, 128}, 9, seed + 6, true);
 }
 
 TEST_CASE("pages smaller than a warp's chunks quantize correctly", "[cuda][quant]") {

@@ -630,53 +630,215 @@ __global__ void __maxnreg__((write_kv_registers<KC, VC, T>))
   }
 }
 
-// Per-channel codecs: one CTA per page; a thread owns eight adjacent channels of one head and
-// walks the page's tokens twice (range, then codes), with 16-byte loads.
+// Per-channel codecs, the code word of eight channels of one token: the straight-line encoder
+// when `fast`, else the codec's scalar code.
+template <kv_codec C>
+__device__ inline std::uint32_t channel_codes(const float (&x)[8], const typename C::params (&p)[8],
+                                              bool fast) {
+  if (fast) {
+    std::uint32_t q[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      q[j] = round_bits(__fmul_rn(__fsub_rn(x[j], p[j].zero), p[j].inv));
+    }
+    const std::uint32_t even =
+        __byte_perm(__byte_perm(q[0], q[2], 0x0040U), __byte_perm(q[4], q[6], 0x0040U), 0x5410U);
+    const std::uint32_t odd =
+        __byte_perm(__byte_perm(q[1], q[3], 0x0040U), __byte_perm(q[5], q[7], 0x0040U), 0x5410U);
+    return even | (odd << 4);
+  }
+  std::uint32_t w = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    w |= (C::encode(x[j], p[j]) & 0xFU) << (4 * j);
+  }
+  return w;
+}
+
+// Per-channel codecs, the parameters of eight channels from their NaN-propagating ranges, and
+// whether the straight-line encoder applies: no NaN or Inf, no saturated parameter. Then the zero
+// point (rounded down) and the scale put every (x - zero) * inv in [0, 15.5): codes need no clamp.
+template <kv_codec C>
+__device__ inline bool channel_params(const float (&lo)[8], const float (&hi)[8],
+                                      typename C::params (&p)[8]) {
+  bool fast = true;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    p[j] = C::from_range({lo[j], hi[j], true});
+    fast = fast && lo[j] >= -65504.0F && hi[j] < __int_as_float(0x7F800000) &&
+           p[j].scale < 65504.0F; // false for NaN too
+  }
+  return fast;
+}
+
+// Registers of quantize_columns_kernel: a whole 16-token page of 16-bit inputs held, and three
+// CTAs of 128 threads per SM.
+inline constexpr int column_kernel_registers = 160;
+
+// Per-channel codecs: one CTA per page; a thread owns eight adjacent channels of one head. Pages
+// of up to `held` tokens are loaded whole into registers (one round trip to memory), ranged and
+// coded from there; longer pages are walked twice (range, then codes), four tokens at a time. A
+// thread whose channels hold a NaN or Inf recomputes its ranges as the scalar code does.
 template <kv_codec C, class Layout, class T>
-__global__ void quantize_columns_kernel(Layout l, const T* src, std::byte* cache,
-                                        const std::int32_t* page_ids, std::int64_t data_offset,
-                                        std::int64_t param_offset) {
+__global__ void __maxnreg__(column_kernel_registers)
+    quantize_columns_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
+                            std::int64_t data_offset, std::int64_t param_offset) {
+  constexpr int held = sizeof(T) == 4 ? 8 : 16;
+  constexpr int batch = 4;
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
   const T* base = src + static_cast<std::int64_t>(page_index) * l.elements();
   const std::int32_t heads = l.num_kv_heads();
   const std::int32_t dim = l.head_dim();
+  const std::int32_t tokens = l.page_size();
+  const std::int32_t row = heads * dim; // input elements per token
+  const std::int32_t code_step = token_step(l);
   for (std::int32_t col = static_cast<std::int32_t>(threadIdx.x); col < heads * dim / 8;
        col += static_cast<std::int32_t>(blockDim.x)) {
     const std::int32_t h = col / (dim / 8);
     const std::int32_t c = (col % (dim / 8)) * 8;
-    kvkit::detail::finite_range r[8];
-    for (std::int32_t t = 0; t < l.page_size(); ++t) {
-      float x[8];
-      load8(base + (static_cast<std::int64_t>(t) * heads + h) * dim + c, x);
+    const T* in = base + h * dim + c;
+    const auto codes_at = static_cast<std::int32_t>(l.element_index(0, h, c));
+    const auto store_word = [&](std::int32_t t, std::uint32_t w) {
+      *reinterpret_cast<std::uint32_t*>(page + data_offset + (codes_at + t * code_step) / 2) = w;
+    };
+    const auto exact_range = [](kvkit::detail::finite_range(&fr)[8], const float(&x)[8]) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         if (kvkit::detail::finite(x[j])) {
-          r[j].lo = r[j].any ? fminf(x[j], r[j].lo) : x[j];
-          r[j].hi = r[j].any ? fmaxf(x[j], r[j].hi) : x[j];
-          r[j].any = true;
+          fr[j].lo = fr[j].any ? fminf(x[j], fr[j].lo) : x[j];
+          fr[j].hi = fr[j].any ? fmaxf(x[j], fr[j].hi) : x[j];
+          fr[j].any = true;
+        }
+      }
+    };
+    float lo[8];
+    float hi[8];
+    typename C::params p[8];
+    if (tokens <= held) {
+      raw8<T> r[held];
+#pragma unroll
+      for (int u = 0; u < held; ++u) {
+        if (u < tokens) {
+          r[u] = load_raw8(in + u * row);
+        }
+      }
+      {
+        float x[8];
+        widen8(r[0], x);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          lo[j] = x[j];
+          hi[j] = x[j];
+        }
+      }
+#pragma unroll
+      for (int u = 1; u < held; ++u) {
+        if (u < tokens) {
+          float x[8];
+          widen8(r[u], x);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            lo[j] = min_nan(lo[j], x[j]);
+            hi[j] = max_nan(hi[j], x[j]);
+          }
+        }
+      }
+      const bool fast = channel_params<C>(lo, hi, p);
+      if (!fast) {
+        kvkit::detail::finite_range fr[8];
+#pragma unroll
+        for (int u = 0; u < held; ++u) {
+          if (u < tokens) {
+            float x[8];
+            widen8(r[u], x);
+            exact_range(fr, x);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          p[j] = C::from_range(fr[j]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < held; ++u) {
+        if (u < tokens) {
+          float x[8];
+          widen8(r[u], x);
+          store_word(u, channel_codes<C>(x, p, fast));
+        }
+      }
+    } else {
+      {
+        float x[8];
+        widen8(load_raw8(in), x);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          lo[j] = x[j];
+          hi[j] = x[j];
+        }
+      }
+      for (std::int32_t t0 = 1; t0 < tokens; t0 += batch) {
+        raw8<T> r[batch];
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (t0 + u < tokens) {
+            r[u] = load_raw8(in + (t0 + u) * row);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (t0 + u < tokens) {
+            float x[8];
+            widen8(r[u], x);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              lo[j] = min_nan(lo[j], x[j]);
+              hi[j] = max_nan(hi[j], x[j]);
+            }
+          }
+        }
+      }
+      const bool fast = channel_params<C>(lo, hi, p);
+      if (!fast) {
+        kvkit::detail::finite_range fr[8];
+        for (std::int32_t t = 0; t < tokens; ++t) {
+          float x[8];
+          widen8(load_raw8(in + t * row), x);
+          exact_range(fr, x);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          p[j] = C::from_range(fr[j]);
+        }
+      }
+      for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
+        raw8<T> r[batch];
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (t0 + u < tokens) {
+            r[u] = load_raw8(in + (t0 + u) * row);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (t0 + u < tokens) {
+            float x[8];
+            widen8(r[u], x);
+            store_word(t0 + u, channel_codes<C>(x, p, fast));
+          }
         }
       }
     }
-    typename C::params p[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      p[j] = C::from_range(r[j]);
       C::store(p[j], page + param_offset + l.template param_index<C>(0, h, c + j) * C::param_bytes);
-    }
-    for (std::int32_t t = 0; t < l.page_size(); ++t) {
-      float x[8];
-      load8(base + (static_cast<std::int64_t>(t) * heads + h) * dim + c, x);
-      std::uint32_t q[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        q[j] = C::encode(x[j], p[j]);
-      }
-      store_codes<C>(page + data_offset + l.element_index(t, h, c) * C::bits / 8, q);
     }
   }
 }
 
+// Per-channel codecs, decoding: a thread reads its eight channels' parameters once, then decodes
+// a 4-byte word per token, four tokens' loads at a time.
 template <kv_codec C, class Layout, class T>
 __global__ void dequantize_columns_kernel(Layout l, const std::byte* cache,
                                           const std::int32_t* page_ids, std::int64_t data_offset,
@@ -687,24 +849,50 @@ __global__ void dequantize_columns_kernel(Layout l, const std::byte* cache,
   T* base = dst + static_cast<std::int64_t>(page_index) * l.elements();
   const std::int32_t heads = l.num_kv_heads();
   const std::int32_t dim = l.head_dim();
+  const std::int32_t tokens = l.page_size();
+  const std::int32_t row = heads * dim;
+  const std::int32_t code_step = token_step(l);
+  constexpr int batch = 4;
   for (std::int32_t col = static_cast<std::int32_t>(threadIdx.x); col < heads * dim / 8;
        col += static_cast<std::int32_t>(blockDim.x)) {
     const std::int32_t h = col / (dim / 8);
     const std::int32_t c = (col % (dim / 8)) * 8;
-    typename C::params p[8];
+    T* out = base + h * dim + c;
+    const auto codes_at = static_cast<std::int32_t>(l.element_index(0, h, c));
+    const std::byte* params = page + param_offset + l.template param_index<C>(0, h, c) * 4;
+    chunk_params p[8];
+    bool fast = true;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      p[j] = C::load(page + param_offset + l.template param_index<C>(0, h, c + j) * C::param_bytes);
+      p[j] = load_chunk_params<C>(params + 4 * j);
+      fast = fast && finite_float(p[j].scale) && finite_float(p[j].zero);
     }
-    for (std::int32_t t = 0; t < l.page_size(); ++t) {
-      std::uint32_t q[8];
-      load_codes<C>(page + data_offset + l.element_index(t, h, c) * C::bits / 8, q);
-      float x[8];
+    for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
+      std::uint32_t w[batch];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        x[j] = C::decode(q[j], p[j]);
+      for (int u = 0; u < batch; ++u) {
+        if (t0 + u < tokens) {
+          w[u] = *reinterpret_cast<const std::uint32_t*>(page + data_offset +
+                                                         (codes_at + (t0 + u) * code_step) / 2);
+        }
       }
-      store8(base + (static_cast<std::int64_t>(t) * heads + h) * dim + c, x);
+#pragma unroll
+      for (int u = 0; u < batch; ++u) {
+        if (t0 + u < tokens) {
+          float x[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float code = __uint_as_float(((w[u] >> (4 * j)) & 0xFU) | 0x4B000000U);
+            x[j] = __fmaf_rn(__fsub_rn(code, 8388608.0F), p[j].scale, p[j].zero);
+          }
+          T* o = out + (t0 + u) * row;
+          if (fast) {
+            store8_non_nan(o, x);
+          } else { // NaN parameters: the scalar store canonicalizes NaN
+            store8(o, x);
+          }
+        }
+      }
     }
   }
 }
