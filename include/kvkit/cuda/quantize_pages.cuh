@@ -655,184 +655,193 @@ __device__ inline std::uint32_t channel_codes(const float (&x)[8], const typenam
   return w;
 }
 
-// Per-channel codecs, the parameters of eight channels from their NaN-propagating ranges, and
-// whether the straight-line encoder applies: no NaN or Inf, no saturated parameter. Then the zero
-// point (rounded down) and the scale put every (x - zero) * inv in [0, 15.5): codes need no clamp.
-template <kv_codec C>
-__device__ inline bool channel_params(const float (&lo)[8], const float (&hi)[8],
-                                      typename C::params (&p)[8]) {
-  bool fast = true;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    p[j] = C::from_range({lo[j], hi[j], true});
-    fast = fast && lo[j] >= -65504.0F && hi[j] < __int_as_float(0x7F800000) &&
-           p[j].scale < 65504.0F; // false for NaN too
-  }
-  return fast;
-}
-
-// Registers of quantize_columns_kernel: a whole 16-token page of 16-bit inputs held, and three
-// CTAs of 128 threads per SM.
-inline constexpr int column_kernel_registers = 160;
-
-// Per-channel codecs: one CTA per page; a thread owns eight adjacent channels of one head. Pages
-// of up to `held` tokens are loaded whole into registers (one round trip to memory), ranged and
-// coded from there; longer pages are walked twice (range, then codes), four tokens at a time. A
-// thread whose channels hold a NaN or Inf recomputes its ranges as the scalar code does.
+// Per-channel codecs: one CTA per page. A warp takes eight columns (eight adjacent channels of
+// one head each, lane % 8) and splits the page's tokens in four (lane / 8): each lane ranges and
+// codes its quarter, the four quarters' ranges meet through shuffles, and each lane derives the
+// parameters of two of its column's eight channels, which the shuffles then hand to the other
+// three lanes. The quarter is read twice, for ranging and for coding (the second read mostly hits
+// L1), four tokens' loads at a time. Ranges are NaN-propagating; when no range holds a NaN or Inf
+// and no parameter saturates, the zero point (rounded down) and the scale put every
+// (x - zero) * inv in [0, 15.5), so codes need no clamp. Otherwise the warp's lanes range their
+// two channels again as the scalar code does and code with it.
 template <kv_codec C, class Layout, class T>
-__global__ void __maxnreg__(column_kernel_registers)
-    quantize_columns_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
-                            std::int64_t data_offset, std::int64_t param_offset) {
-  constexpr int held = sizeof(T) == 4 ? 8 : 16;
-  constexpr int batch = 4;
+__global__ void quantize_columns_kernel(Layout l, const T* src, std::byte* cache,
+                                        const std::int32_t* page_ids, std::int64_t data_offset,
+                                        std::int64_t param_offset) {
+  constexpr int batch = 4; // tokens whose loads are in flight together
+  constexpr unsigned all = 0xFFFFFFFFU;
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
   const T* base = src + static_cast<std::int64_t>(page_index) * l.elements();
-  const std::int32_t heads = l.num_kv_heads();
   const std::int32_t dim = l.head_dim();
-  const std::int32_t tokens = l.page_size();
-  const std::int32_t row = heads * dim; // input elements per token
+  const std::int32_t cols = l.num_kv_heads() * dim / 8;
+  const std::int32_t row = l.num_kv_heads() * dim; // input elements per token
   const std::int32_t code_step = token_step(l);
-  for (std::int32_t col = static_cast<std::int32_t>(threadIdx.x); col < heads * dim / 8;
-       col += static_cast<std::int32_t>(blockDim.x)) {
-    const std::int32_t h = col / (dim / 8);
-    const std::int32_t c = (col % (dim / 8)) * 8;
+  const auto lane = static_cast<std::int32_t>(threadIdx.x & 31U);
+  const std::int32_t quarter = lane >> 3;
+  const std::int32_t per_quarter = (l.page_size() + 3) / 4;
+  const std::int32_t t_begin = min(l.page_size(), quarter * per_quarter);
+  const std::int32_t n = min(l.page_size(), t_begin + per_quarter) - t_begin;
+  const float inf = __int_as_float(0x7F800000);
+  for (std::int32_t cbase = static_cast<std::int32_t>(threadIdx.x >> 5) * 8; cbase < cols;
+       cbase += static_cast<std::int32_t>(blockDim.x >> 5) * 8) {
+    const std::int32_t col = cbase + (lane & 7);
+    const bool valid = col < cols;
+    const std::int32_t h = valid ? col / (dim / 8) : 0;
+    const std::int32_t c = valid ? (col % (dim / 8)) * 8 : 0;
     const T* in = base + h * dim + c;
     const auto codes_at = static_cast<std::int32_t>(l.element_index(0, h, c));
-    const auto store_word = [&](std::int32_t t, std::uint32_t w) {
-      *reinterpret_cast<std::uint32_t*>(page + data_offset + (codes_at + t * code_step) / 2) = w;
+    const auto load = [&](std::int32_t t) {
+      return load_raw8(in + t * row);
     };
-    const auto exact_range = [](kvkit::detail::finite_range(&fr)[8], const float(&x)[8]) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (kvkit::detail::finite(x[j])) {
-          fr[j].lo = fr[j].any ? fminf(x[j], fr[j].lo) : x[j];
-          fr[j].hi = fr[j].any ? fmaxf(x[j], fr[j].hi) : x[j];
-          fr[j].any = true;
-        }
-      }
-    };
+
+    // The quarter's ranges, then the column's.
     float lo[8];
     float hi[8];
-    typename C::params p[8];
-    if (tokens <= held) {
-      raw8<T> r[held];
 #pragma unroll
-      for (int u = 0; u < held; ++u) {
-        if (u < tokens) {
-          r[u] = load_raw8(in + u * row);
-        }
+    for (int j = 0; j < 8; ++j) {
+      lo[j] = inf;
+      hi[j] = -inf;
+    }
+    const auto extend = [&](const raw8<T>& r) {
+      float x[8];
+      widen8(r, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        lo[j] = min_nan(lo[j], x[j]);
+        hi[j] = max_nan(hi[j], x[j]);
       }
-      {
-        float x[8];
-        widen8(r[0], x);
+    };
+    for (std::int32_t u0 = 0; valid && u0 < n; u0 += batch) {
+      raw8<T> b[batch];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          lo[j] = x[j];
-          hi[j] = x[j];
-        }
-      }
-#pragma unroll
-      for (int u = 1; u < held; ++u) {
-        if (u < tokens) {
-          float x[8];
-          widen8(r[u], x);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            lo[j] = min_nan(lo[j], x[j]);
-            hi[j] = max_nan(hi[j], x[j]);
-          }
-        }
-      }
-      const bool fast = channel_params<C>(lo, hi, p);
-      if (!fast) {
-        kvkit::detail::finite_range fr[8];
-#pragma unroll
-        for (int u = 0; u < held; ++u) {
-          if (u < tokens) {
-            float x[8];
-            widen8(r[u], x);
-            exact_range(fr, x);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          p[j] = C::from_range(fr[j]);
+      for (int u = 0; u < batch; ++u) {
+        if (u0 + u < n) {
+          b[u] = load(t_begin + u0 + u);
         }
       }
 #pragma unroll
-      for (int u = 0; u < held; ++u) {
-        if (u < tokens) {
-          float x[8];
-          widen8(r[u], x);
-          store_word(u, channel_codes<C>(x, p, fast));
-        }
-      }
-    } else {
-      {
-        float x[8];
-        widen8(load_raw8(in), x);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          lo[j] = x[j];
-          hi[j] = x[j];
-        }
-      }
-      for (std::int32_t t0 = 1; t0 < tokens; t0 += batch) {
-        raw8<T> r[batch];
-#pragma unroll
-        for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            r[u] = load_raw8(in + (t0 + u) * row);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            float x[8];
-            widen8(r[u], x);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              lo[j] = min_nan(lo[j], x[j]);
-              hi[j] = max_nan(hi[j], x[j]);
-            }
-          }
-        }
-      }
-      const bool fast = channel_params<C>(lo, hi, p);
-      if (!fast) {
-        kvkit::detail::finite_range fr[8];
-        for (std::int32_t t = 0; t < tokens; ++t) {
-          float x[8];
-          widen8(load_raw8(in + t * row), x);
-          exact_range(fr, x);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          p[j] = C::from_range(fr[j]);
-        }
-      }
-      for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
-        raw8<T> r[batch];
-#pragma unroll
-        for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            r[u] = load_raw8(in + (t0 + u) * row);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            float x[8];
-            widen8(r[u], x);
-            store_word(t0 + u, channel_codes<C>(x, p, fast));
-          }
+      for (int u = 0; u < batch; ++u) {
+        if (u0 + u < n) {
+          extend(b[u]);
         }
       }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      C::store(p[j], page + param_offset + l.template param_index<C>(0, h, c + j) * C::param_bytes);
+    for (int off = 8; off <= 16; off *= 2) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        lo[j] = min_nan(lo[j], __shfl_xor_sync(all, lo[j], off));
+        hi[j] = max_nan(hi[j], __shfl_xor_sync(all, hi[j], off));
+      }
+    }
+
+    // This lane's two channels: 2 * quarter and 2 * quarter + 1.
+    typename C::params mine[2];
+    bool fast = true;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float a = lo[0];
+      float z = hi[0];
+#pragma unroll
+      for (int j = 1; j < 8; ++j) {
+        a = j == 2 * quarter + k ? lo[j] : a;
+        z = j == 2 * quarter + k ? hi[j] : z;
+      }
+      mine[k] = C::from_range({a, z, true});
+      fast = fast && a >= -65504.0F && z < inf && mine[k].scale < 65504.0F; // false for NaN
+    }
+    fast = !valid || fast;
+    fast = __all_sync(all, fast);
+    if (!fast && valid) {
+      // The scalar code: each lane ranges its two channels over the whole page, non-finite values
+      // left out (rare: a NaN or Inf somewhere in the warp's columns).
+      kvkit::detail::finite_range f[2];
+      for (std::int32_t t = 0; t < l.page_size(); ++t) {
+        float x[8];
+        widen8(load(t), x);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float v = x[0];
+#pragma unroll
+          for (int j = 1; j < 8; ++j) {
+            v = j == 2 * quarter + k ? x[j] : v;
+          }
+          if (kvkit::detail::finite(v)) {
+            f[k].lo = f[k].any ? fminf(v, f[k].lo) : v;
+            f[k].hi = f[k].any ? fmaxf(v, f[k].hi) : v;
+            f[k].any = true;
+          }
+        }
+      }
+      mine[0] = C::from_range(f[0]);
+      mine[1] = C::from_range(f[1]);
+    }
+
+    // This lane's two channels' parameters are stored; every lane gets its column's eight.
+    if (valid) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        C::store(mine[k],
+                 page + param_offset +
+                     l.template param_index<C>(0, h, c + 2 * quarter + k) * C::param_bytes);
+      }
+    }
+    const auto word_at = [&](std::int32_t t) {
+      return reinterpret_cast<std::uint32_t*>(page + data_offset + (codes_at + t * code_step) / 2);
+    };
+    if (fast) {
+      float zero[8];
+      float inv[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int from = (lane & 7) | ((j / 2) << 3);
+        zero[j] = __shfl_sync(all, mine[j % 2].zero, from);
+        inv[j] = __shfl_sync(all, mine[j % 2].inv, from);
+      }
+      const auto code = [&](std::int32_t t, const raw8<T>& rr) {
+        float x[8];
+        widen8(rr, x);
+        std::uint32_t q[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          q[j] = round_bits(__fmul_rn(__fsub_rn(x[j], zero[j]), inv[j]));
+        }
+        const std::uint32_t even = __byte_perm(__byte_perm(q[0], q[2], 0x0040U),
+                                               __byte_perm(q[4], q[6], 0x0040U), 0x5410U);
+        const std::uint32_t odd = __byte_perm(__byte_perm(q[1], q[3], 0x0040U),
+                                              __byte_perm(q[5], q[7], 0x0040U), 0x5410U);
+        *word_at(t) = even | (odd << 4);
+      };
+      for (std::int32_t u0 = 0; valid && u0 < n; u0 += batch) {
+        raw8<T> b[batch];
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (u0 + u < n) {
+            b[u] = load(t_begin + u0 + u);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (u0 + u < n) {
+            code(t_begin + u0 + u, b[u]);
+          }
+        }
+      }
+    } else { // the scalar encoder, reading the quarter again
+      typename C::params p[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int from = (lane & 7) | ((j / 2) << 3);
+        p[j].scale = __shfl_sync(all, mine[j % 2].scale, from);
+        p[j].zero = __shfl_sync(all, mine[j % 2].zero, from);
+        p[j].inv = __shfl_sync(all, mine[j % 2].inv, from);
+      }
+      for (std::int32_t u = 0; valid && u < n; ++u) {
+        float x[8];
+        widen8(load(t_begin + u), x);
+        *word_at(t_begin + u) = channel_codes<C>(x, p, false);
+      }
     }
   }
 }
@@ -920,8 +929,10 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
     const unsigned threads =
         threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
     if constexpr (Quantize) {
-      quantize_columns_kernel<C><<<pages, threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
-                                                                data_offset, param_offset);
+      // Four lanes per column, each with a quarter of the page's tokens.
+      quantize_columns_kernel<C>
+          <<<pages, threads_for(4 * static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8),
+             0, stream>>>(l, elements, b.cache, b.page_ids, data_offset, param_offset);
     } else {
       dequantize_columns_kernel<C><<<pages, threads, 0, stream>>>(
           l, b.cache, b.page_ids, data_offset, param_offset, elements);
