@@ -305,19 +305,25 @@ struct page_rows {
   __device__ row_ref<T> row(int u) const {
     return {u < tokens ? first + u * row_elems : nullptr, dest, token0 + u};
   }
+  // The rows of this CTA: page blockIdx.x of the batch, tokens from blockIdx.y * tokens_per_cta.
+  template <class Layout>
+  __device__ static page_rows of_block(const Layout& l, const T* src, std::byte* cache,
+                                       const std::int32_t* page_ids) {
+    const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+    const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
+    const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
+    return {src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems,
+            row_elems, token0,
+            l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta,
+            cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page()};
+  }
 };
 
 template <kv_codec C, class Layout, class T>
 __global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
                                      const std::int32_t* page_ids, std::int64_t data_offset,
                                      const float* scales) {
-  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
-  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
-  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
-  const page_rows<T> rows{
-      src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems, row_elems,
-      token0, l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta,
-      cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page()};
+  const auto rows = page_rows<T>::of_block(l, src, cache, page_ids);
   quantize_token_rows<C>(l, rows, data_offset, scales);
 }
 
@@ -578,13 +584,7 @@ template <kv_codec C, class Layout, class T>
 __global__ void __maxnreg__(run_kernel_registers<T>)
     quantize_runs_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
                          std::int64_t data_offset, std::int64_t param_offset) {
-  const auto page_index = static_cast<std::int32_t>(blockIdx.x);
-  const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
-  const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
-  const page_rows<T> rows{
-      src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems, row_elems,
-      token0, l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta,
-      cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page()};
+  const auto rows = page_rows<T>::of_block(l, src, cache, page_ids);
   quantize_token_runs<C>(l, rows, data_offset, param_offset);
 }
 
@@ -630,23 +630,10 @@ __global__ void __maxnreg__((write_kv_registers<KC, VC, T>))
   }
 }
 
-// Per-channel codecs, the code word of eight channels of one token: the straight-line encoder
-// when `fast`, else the codec's scalar code.
+// Per-channel codecs, the code word of eight channels of one token by the codec's scalar code.
 template <kv_codec C>
-__device__ inline std::uint32_t channel_codes(const float (&x)[8], const typename C::params (&p)[8],
-                                              bool fast) {
-  if (fast) {
-    std::uint32_t q[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      q[j] = round_bits(__fmul_rn(__fsub_rn(x[j], p[j].zero), p[j].inv));
-    }
-    const std::uint32_t even =
-        __byte_perm(__byte_perm(q[0], q[2], 0x0040U), __byte_perm(q[4], q[6], 0x0040U), 0x5410U);
-    const std::uint32_t odd =
-        __byte_perm(__byte_perm(q[1], q[3], 0x0040U), __byte_perm(q[5], q[7], 0x0040U), 0x5410U);
-    return even | (odd << 4);
-  }
+__device__ inline std::uint32_t channel_codes(const float (&x)[8],
+                                              const typename C::params (&p)[8]) {
   std::uint32_t w = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -807,11 +794,7 @@ __global__ void quantize_columns_kernel(Layout l, const T* src, std::byte* cache
         for (int j = 0; j < 8; ++j) {
           q[j] = round_bits(__fmul_rn(__fsub_rn(x[j], zero[j]), inv[j]));
         }
-        const std::uint32_t even = __byte_perm(__byte_perm(q[0], q[2], 0x0040U),
-                                               __byte_perm(q[4], q[6], 0x0040U), 0x5410U);
-        const std::uint32_t odd = __byte_perm(__byte_perm(q[1], q[3], 0x0040U),
-                                              __byte_perm(q[5], q[7], 0x0040U), 0x5410U);
-        *word_at(t) = even | (odd << 4);
+        *word_at(t) = pack_nibbles(q);
       };
       for (std::int32_t u0 = 0; valid && u0 < n; u0 += batch) {
         raw8<T> b[batch];
@@ -840,7 +823,7 @@ __global__ void quantize_columns_kernel(Layout l, const T* src, std::byte* cache
       for (std::int32_t u = 0; valid && u < n; ++u) {
         float x[8];
         widen8(load(t_begin + u), x);
-        *word_at(t_begin + u) = channel_codes<C>(x, p, false);
+        *word_at(t_begin + u) = channel_codes<C>(x, p);
       }
     }
   }

@@ -356,6 +356,16 @@ __device__ inline run_codes<int8_codec> encode_run_int8(const V& x, float inv) {
   return out;
 }
 
+//! Eight 4-bit codes, each in the low byte of a word (as round_bits leaves them), packed into
+//! one word: code i in nibble i.
+__device__ inline std::uint32_t pack_nibbles(const std::uint32_t (&t)[8]) {
+  const std::uint32_t even =
+      __byte_perm(__byte_perm(t[0], t[2], 0x0040U), __byte_perm(t[4], t[6], 0x0040U), 0x5410U);
+  const std::uint32_t odd =
+      __byte_perm(__byte_perm(t[1], t[3], 0x0040U), __byte_perm(t[5], t[7], 0x0040U), 0x5410U);
+  return even | (odd << 4);
+}
+
 //! int4 codes of a run, as encode_min_max gives them for finite x when the parameters are not
 //! saturated (scale below 65504, least value of the group at least -65504): the zero point is at
 //! most the group's least value and 15 steps reach its largest, so (x - zero) * inv lies in
@@ -373,11 +383,7 @@ __device__ inline run_codes<int4_group_codec<32>> encode_run_int4(const V& x, fl
       // Low byte: the code, 0..15.
       t[i] = round_bits(__fmul_rn(__fsub_rn(x.fresh(8 * j + i), zero), inv));
     }
-    const std::uint32_t even =
-        __byte_perm(__byte_perm(t[0], t[2], 0x0040U), __byte_perm(t[4], t[6], 0x0040U), 0x5410U);
-    const std::uint32_t odd =
-        __byte_perm(__byte_perm(t[1], t[3], 0x0040U), __byte_perm(t[5], t[7], 0x0040U), 0x5410U);
-    w[j] = even | (odd << 4);
+    w[j] = pack_nibbles(t);
   }
   out.word[0] = make_uint4(w[0], w[1], w[2], w[3]);
   return out;
