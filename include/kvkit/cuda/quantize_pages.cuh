@@ -630,200 +630,168 @@ __global__ void __maxnreg__((write_kv_registers<KC, VC, T>))
   }
 }
 
-// Per-channel codecs, the code word of eight channels of one token by the codec's scalar code.
-template <kv_codec C>
-__device__ inline std::uint32_t channel_codes(const float (&x)[8],
-                                              const typename C::params (&p)[8]) {
-  std::uint32_t w = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    w |= (C::encode(x[j], p[j]) & 0xFU) << (4 * j);
-  }
-  return w;
+// Two adjacent input values (a channel pair of one token) as loaded, and widened.
+template <class T>
+using pair_raw = std::conditional_t<std::is_same_v<T, float>, float2, std::uint32_t>;
+
+template <class T>
+__device__ inline pair_raw<T> load_pair(const T* src) {
+  return *reinterpret_cast<const pair_raw<T>*>(src);
 }
 
-// Per-channel codecs: one CTA per page. A warp takes eight columns (eight adjacent channels of
-// one head each, lane % 8) and splits the page's tokens in four (lane / 8): each lane ranges and
-// codes its quarter, the four quarters' ranges meet through shuffles, and each lane derives the
-// parameters of two of its column's eight channels, which the shuffles then hand to the other
-// three lanes. The quarter is read twice, for ranging and for coding (the second read mostly hits
-// L1), four tokens' loads at a time. Ranges are NaN-propagating; when no range holds a NaN or Inf
-// and no parameter saturates, the zero point (rounded down) and the scale put every
-// (x - zero) * inv in [0, 15.5), so codes need no clamp. Otherwise the warp's lanes range their
-// two channels again as the scalar code does and code with it.
+template <class T>
+__device__ inline void widen_pair(const pair_raw<T>& r, float& a, float& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    a = r.x;
+    b = r.y;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    a = __uint_as_float(r << 16);
+    b = __uint_as_float(r & 0xFFFF0000U);
+  } else {
+    a = fp16_bits_to_float(static_cast<std::uint16_t>(r & 0xFFFFU));
+    b = fp16_bits_to_float(static_cast<std::uint16_t>(r >> 16));
+  }
+}
+
+// Per-channel codecs: one CTA per page, a thread per channel pair (one code byte per token), so
+// a warp reads 64 adjacent channels of a token at once and writes their 32 code bytes, and a
+// thread ranges, parameterizes and codes its two channels alone: no shuffles, no shared
+// parameter math. Pages of up to `held` tokens are loaded once and kept in registers; longer
+// ones are read twice (range, then codes). Ranges are NaN-propagating; when neither holds a NaN
+// or Inf and no parameter saturates, the zero point (rounded down) and the scale put every
+// (x - zero) * inv in [0, 15.5), so codes need no clamp. Otherwise the thread ranges its channels
+// again as the scalar code does and codes with it. 64 registers (unbounded it takes 113, without
+// need) let two 512-thread CTAs share an SM.
 template <kv_codec C, class Layout, class T>
-__global__ void quantize_columns_kernel(Layout l, const T* src, std::byte* cache,
-                                        const std::int32_t* page_ids, std::int64_t data_offset,
-                                        std::int64_t param_offset) {
-  constexpr int batch = 4; // tokens whose loads are in flight together
-  constexpr unsigned all = 0xFFFFFFFFU;
+__global__ void __maxnreg__(64)
+    quantize_columns_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
+                            std::int64_t data_offset, std::int64_t param_offset) {
+  constexpr int held = 16;
+  constexpr int batch = 8; // tokens whose loads are in flight together, longer pages
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
   const T* base = src + static_cast<std::int64_t>(page_index) * l.elements();
   const std::int32_t dim = l.head_dim();
-  const std::int32_t cols = l.num_kv_heads() * dim / 8;
+  const std::int32_t tokens = l.page_size();
   const std::int32_t row = l.num_kv_heads() * dim; // input elements per token
   const std::int32_t code_step = token_step(l);
-  const auto lane = static_cast<std::int32_t>(threadIdx.x & 31U);
-  const std::int32_t quarter = lane >> 3;
-  const std::int32_t per_quarter = (l.page_size() + 3) / 4;
-  const std::int32_t t_begin = min(l.page_size(), quarter * per_quarter);
-  const std::int32_t n = min(l.page_size(), t_begin + per_quarter) - t_begin;
   const float inf = __int_as_float(0x7F800000);
-  for (std::int32_t cbase = static_cast<std::int32_t>(threadIdx.x >> 5) * 8; cbase < cols;
-       cbase += static_cast<std::int32_t>(blockDim.x >> 5) * 8) {
-    const std::int32_t col = cbase + (lane & 7);
-    const bool valid = col < cols;
-    const std::int32_t h = valid ? col / (dim / 8) : 0;
-    const std::int32_t c = valid ? (col % (dim / 8)) * 8 : 0;
-    const T* in = base + h * dim + c;
+  for (std::int32_t pr = static_cast<std::int32_t>(threadIdx.x); pr < row / 2;
+       pr += static_cast<std::int32_t>(blockDim.x)) {
+    const std::int32_t h = 2 * pr / dim;
+    const std::int32_t c = 2 * pr % dim;
+    const T* in = base + 2 * pr;
     const auto codes_at = static_cast<std::int32_t>(l.element_index(0, h, c));
-    const auto load = [&](std::int32_t t) {
-      return load_raw8(in + t * row);
+    std::byte* out = page + data_offset;
+    const auto extend = [](float& lo, float& hi, float x) {
+      lo = min_nan(lo, x);
+      hi = max_nan(hi, x);
     };
-
-    // The quarter's ranges, then the column's.
-    float lo[8];
-    float hi[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      lo[j] = inf;
-      hi[j] = -inf;
-    }
-    const auto extend = [&](const raw8<T>& r) {
-      float x[8];
-      widen8(r, x);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        lo[j] = min_nan(lo[j], x[j]);
-        hi[j] = max_nan(hi[j], x[j]);
+    const auto exact = [](kvkit::detail::finite_range& f, float x) {
+      if (kvkit::detail::finite(x)) {
+        f.lo = f.any ? fminf(x, f.lo) : x;
+        f.hi = f.any ? fmaxf(x, f.hi) : x;
+        f.any = true;
       }
     };
-    for (std::int32_t u0 = 0; valid && u0 < n; u0 += batch) {
-      raw8<T> b[batch];
+    float lo0 = inf;
+    float hi0 = -inf;
+    float lo1 = inf;
+    float hi1 = -inf;
+    pair_raw<T> v[held];
+    const bool hold = tokens <= held;
+    if (hold) {
 #pragma unroll
-      for (int u = 0; u < batch; ++u) {
-        if (u0 + u < n) {
-          b[u] = load(t_begin + u0 + u);
+      for (int u = 0; u < held; ++u) {
+        if (u < tokens) {
+          v[u] = load_pair(in + u * row);
         }
       }
 #pragma unroll
-      for (int u = 0; u < batch; ++u) {
-        if (u0 + u < n) {
-          extend(b[u]);
+      for (int u = 0; u < held; ++u) {
+        if (u < tokens) {
+          float a;
+          float b;
+          widen_pair<T>(v[u], a, b);
+          extend(lo0, hi0, a);
+          extend(lo1, hi1, b);
         }
       }
-    }
-#pragma unroll
-    for (int off = 8; off <= 16; off *= 2) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        lo[j] = min_nan(lo[j], __shfl_xor_sync(all, lo[j], off));
-        hi[j] = max_nan(hi[j], __shfl_xor_sync(all, hi[j], off));
-      }
-    }
-
-    // This lane's two channels: 2 * quarter and 2 * quarter + 1.
-    typename C::params mine[2];
-    bool fast = true;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float a = lo[0];
-      float z = hi[0];
-#pragma unroll
-      for (int j = 1; j < 8; ++j) {
-        a = j == 2 * quarter + k ? lo[j] : a;
-        z = j == 2 * quarter + k ? hi[j] : z;
-      }
-      mine[k] = C::from_range({a, z, true});
-      fast = fast && a >= -65504.0F && z < inf && mine[k].scale < 65504.0F; // false for NaN
-    }
-    fast = !valid || fast;
-    fast = __all_sync(all, fast);
-    if (!fast && valid) {
-      // The scalar code: each lane ranges its two channels over the whole page, non-finite values
-      // left out (rare: a NaN or Inf somewhere in the warp's columns).
-      kvkit::detail::finite_range f[2];
-      for (std::int32_t t = 0; t < l.page_size(); ++t) {
-        float x[8];
-        widen8(load(t), x);
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float v = x[0];
-#pragma unroll
-          for (int j = 1; j < 8; ++j) {
-            v = j == 2 * quarter + k ? x[j] : v;
-          }
-          if (kvkit::detail::finite(v)) {
-            f[k].lo = f[k].any ? fminf(v, f[k].lo) : v;
-            f[k].hi = f[k].any ? fmaxf(v, f[k].hi) : v;
-            f[k].any = true;
-          }
-        }
-      }
-      mine[0] = C::from_range(f[0]);
-      mine[1] = C::from_range(f[1]);
-    }
-
-    // This lane's two channels' parameters are stored; every lane gets its column's eight.
-    if (valid) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        C::store(mine[k],
-                 page + param_offset +
-                     l.template param_index<C>(0, h, c + 2 * quarter + k) * C::param_bytes);
-      }
-    }
-    const auto word_at = [&](std::int32_t t) {
-      return reinterpret_cast<std::uint32_t*>(page + data_offset + (codes_at + t * code_step) / 2);
-    };
-    if (fast) {
-      float zero[8];
-      float inv[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int from = (lane & 7) | ((j / 2) << 3);
-        zero[j] = __shfl_sync(all, mine[j % 2].zero, from);
-        inv[j] = __shfl_sync(all, mine[j % 2].inv, from);
-      }
-      const auto code = [&](std::int32_t t, const raw8<T>& rr) {
-        float x[8];
-        widen8(rr, x);
-        std::uint32_t q[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          q[j] = round_bits(__fmul_rn(__fsub_rn(x[j], zero[j]), inv[j]));
-        }
-        *word_at(t) = pack_nibbles(q);
-      };
-      for (std::int32_t u0 = 0; valid && u0 < n; u0 += batch) {
-        raw8<T> b[batch];
+    } else {
+      for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
+        pair_raw<T> w[batch];
 #pragma unroll
         for (int u = 0; u < batch; ++u) {
-          if (u0 + u < n) {
-            b[u] = load(t_begin + u0 + u);
+          if (t0 + u < tokens) {
+            w[u] = load_pair(in + (t0 + u) * row);
           }
         }
 #pragma unroll
         for (int u = 0; u < batch; ++u) {
-          if (u0 + u < n) {
-            code(t_begin + u0 + u, b[u]);
+          if (t0 + u < tokens) {
+            float a;
+            float b;
+            widen_pair<T>(w[u], a, b);
+            extend(lo0, hi0, a);
+            extend(lo1, hi1, b);
           }
         }
       }
-    } else { // the scalar encoder, reading the quarter again
-      typename C::params p[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int from = (lane & 7) | ((j / 2) << 3);
-        p[j].scale = __shfl_sync(all, mine[j % 2].scale, from);
-        p[j].zero = __shfl_sync(all, mine[j % 2].zero, from);
-        p[j].inv = __shfl_sync(all, mine[j % 2].inv, from);
+    }
+    typename C::params p0 = C::from_range({lo0, hi0, true});
+    typename C::params p1 = C::from_range({lo1, hi1, true});
+    const bool fast = lo0 >= -65504.0F && hi0 < inf && p0.scale < 65504.0F && lo1 >= -65504.0F &&
+                      hi1 < inf && p1.scale < 65504.0F; // false for NaN too
+    if (!fast) {
+      kvkit::detail::finite_range f0;
+      kvkit::detail::finite_range f1;
+      for (std::int32_t t = 0; t < tokens; ++t) {
+        float a;
+        float b;
+        widen_pair<T>(load_pair(in + t * row), a, b);
+        exact(f0, a);
+        exact(f1, b);
       }
-      for (std::int32_t u = 0; valid && u < n; ++u) {
-        float x[8];
-        widen8(load(t_begin + u), x);
-        *word_at(t_begin + u) = channel_codes<C>(x, p);
+      p0 = C::from_range(f0);
+      p1 = C::from_range(f1);
+    }
+    C::store(p0, page + param_offset + l.template param_index<C>(0, h, c) * C::param_bytes);
+    C::store(p1, page + param_offset + l.template param_index<C>(0, h, c + 1) * C::param_bytes);
+    const auto code = [&](std::int32_t t, const pair_raw<T>& r) {
+      float a;
+      float b;
+      widen_pair<T>(r, a, b);
+      std::uint32_t byte;
+      if (fast) {
+        byte = (round_bits(__fmul_rn(__fsub_rn(a, p0.zero), p0.inv)) & 0xFU) |
+               ((round_bits(__fmul_rn(__fsub_rn(b, p1.zero), p1.inv)) & 0xFU) << 4);
+      } else {
+        byte = (C::encode(a, p0) & 0xFU) | ((C::encode(b, p1) & 0xFU) << 4);
+      }
+      out[(codes_at + t * code_step) / 2] = static_cast<std::byte>(byte);
+    };
+    if (hold) {
+#pragma unroll
+      for (int u = 0; u < held; ++u) {
+        if (u < tokens) {
+          code(u, v[u]);
+        }
+      }
+    } else {
+      for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
+        pair_raw<T> w[batch];
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (t0 + u < tokens) {
+            w[u] = load_pair(in + (t0 + u) * row);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (t0 + u < tokens) {
+            code(t0 + u, w[u]);
+          }
+        }
       }
     }
   }
@@ -912,10 +880,10 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
     const unsigned threads =
         threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
     if constexpr (Quantize) {
-      // Four lanes per column, each with a quarter of the page's tokens.
+      // A thread per channel pair.
       quantize_columns_kernel<C>
-          <<<pages, threads_for(4 * static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8),
-             0, stream>>>(l, elements, b.cache, b.page_ids, data_offset, param_offset);
+          <<<pages, threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 2), 0,
+             stream>>>(l, elements, b.cache, b.page_ids, data_offset, param_offset);
     } else {
       dequantize_columns_kernel<C><<<pages, threads, 0, stream>>>(
           l, b.cache, b.page_ids, data_offset, param_offset, elements);
