@@ -694,6 +694,24 @@ __global__ void __maxnreg__(64)
         f.any = true;
       }
     };
+    // Pages longer than `held`: fn(t, values) for every token, `batch` tokens' loads in flight.
+    const auto each_token = [&](auto&& fn) {
+      for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
+        pair_raw<T> w[batch];
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (t0 + u < tokens) {
+            w[u] = load_pair(in + (t0 + u) * row);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          if (t0 + u < tokens) {
+            fn(t0 + u, w[u]);
+          }
+        }
+      }
+    };
     float lo0 = inf;
     float hi0 = -inf;
     float lo1 = inf;
@@ -718,25 +736,13 @@ __global__ void __maxnreg__(64)
         }
       }
     } else {
-      for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
-        pair_raw<T> w[batch];
-#pragma unroll
-        for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            w[u] = load_pair(in + (t0 + u) * row);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            float a;
-            float b;
-            widen_pair<T>(w[u], a, b);
-            extend(lo0, hi0, a);
-            extend(lo1, hi1, b);
-          }
-        }
-      }
+      each_token([&](std::int32_t /*t*/, const pair_raw<T>& r) {
+        float a;
+        float b;
+        widen_pair<T>(r, a, b);
+        extend(lo0, hi0, a);
+        extend(lo1, hi1, b);
+      });
     }
     typename C::params p0 = C::from_range({lo0, hi0, true});
     typename C::params p1 = C::from_range({lo1, hi1, true});
@@ -778,21 +784,7 @@ __global__ void __maxnreg__(64)
         }
       }
     } else {
-      for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
-        pair_raw<T> w[batch];
-#pragma unroll
-        for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            w[u] = load_pair(in + (t0 + u) * row);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            code(t0 + u, w[u]);
-          }
-        }
-      }
+      each_token(code);
     }
   }
 }
