@@ -188,6 +188,19 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
   CHECK(e.lse_abs < 2e-2);
 }
 
+// Each step of a bf16 multi-step run (default options) against the reference.
+void check_steps(const problem<bf16_nhd>& pr, const std::vector<kvkit_test::decode_step>& steps,
+                 std::int32_t q_heads, const kvkit_test::decode_outcome& got) {
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const errors e =
+        compare<bf16_nhd, __nv_bfloat16>(pr, steps[i], q_heads, {}, got.out[i], got.lse[i]);
+    INFO("step " << i << " relative error " << e.out_rel << " lse error " << e.lse_abs);
+    CHECK(e.all_finite);
+    CHECK(e.out_rel < 1e-2);
+    CHECK(e.lse_abs < 2e-2);
+  }
+}
+
 } // namespace
 
 TEST_CASE("paged_decode bf16: page sizes 1 to 128, groups 1 to 16, split and unsplit",
@@ -275,14 +288,7 @@ TEST_CASE("paged_decode: one workspace serves plans of different batches in turn
       pr.layout, pr.cache, pr.capacity, {6, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
   INFO("seed " << seed << " error " << cudaGetErrorString(got.error));
   REQUIRE(got.error == cudaSuccess);
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const errors e =
-        compare<bf16_nhd, __nv_bfloat16>(pr, steps[i], q_heads, {}, got.out[i], got.lse[i]);
-    INFO("step " << i << " relative error " << e.out_rel << " lse error " << e.lse_abs);
-    CHECK(e.all_finite);
-    CHECK(e.out_rel < 1e-2);
-    CHECK(e.lse_abs < 2e-2);
-  }
+  check_steps(pr, steps, q_heads, got);
 }
 
 TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths change",
@@ -305,14 +311,7 @@ TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths chan
       layout, pr.cache, pr.capacity, shape, steps, pr.scales, {}, mode);
   INFO("seed " << seed << " error " << cudaGetErrorString(got.error));
   REQUIRE(got.error == cudaSuccess);
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const errors e =
-        compare<bf16_nhd, __nv_bfloat16>(pr, steps[i], q_heads, {}, got.out[i], got.lse[i]);
-    INFO("step " << i << " relative error " << e.out_rel << " lse error " << e.lse_abs);
-    CHECK(e.all_finite);
-    CHECK(e.out_rel < 1e-2);
-    CHECK(e.lse_abs < 2e-2);
-  }
+  check_steps(pr, steps, q_heads, got);
 }
 
 TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothing outside",

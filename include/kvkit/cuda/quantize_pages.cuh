@@ -69,39 +69,6 @@ template <class Layout, page_element T>
 
 namespace detail {
 
-// Eight consecutive elements of T, loaded and stored with 16-byte (or two 16-byte) accesses.
-template <class T>
-__device__ inline void load8(const T* src, float (&x)[8]) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 a = reinterpret_cast<const float4*>(src)[0];
-    const float4 b = reinterpret_cast<const float4*>(src)[1];
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-  } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[i] = to_float(e[i]);
-    }
-  }
-}
-
-template <class T>
-__device__ inline void store8(T* dst, const float (&x)[8]) {
-  if constexpr (std::is_same_v<T, float>) {
-    reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
-    reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
-  } else {
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      e[i] = from_float<T>(x[i]);
-    }
-    *reinterpret_cast<uint4*>(dst) = raw;
-  }
-}
-
 // Eight codes of C, packed as they lie in the page: 16 bytes (16-bit), 8 (8-bit) or 4 (4-bit).
 template <kv_codec C>
 __device__ inline void store_codes(std::byte* dst, const std::uint32_t (&q)[8]) {
@@ -147,52 +114,8 @@ __device__ inline void load_codes(const std::byte* src, std::uint32_t (&q)[8]) {
   }
 }
 
-// Lanes that share one parameter set: a power of two dividing 32 (1 when there is none).
-template <kv_codec C>
-__device__ inline int group_lanes(std::int32_t head_dim) {
-  if constexpr (C::scaling == kv_scaling::per_token_group) {
-    return C::group_size / 8;
-  } else if constexpr (C::scaling == kv_scaling::per_token_head) {
-    return head_dim / 8;
-  } else {
-    return 1;
-  }
-}
-
-// Parameters of the group this lane's eight values belong to, reduced across the group's lanes.
-// Every lane of the warp must call it (the shuffles use the full mask).
-template <kv_codec C, int N>
-__device__ inline typename C::params group_params(const float (&x)[N], int lanes, float scale) {
-  if constexpr (C::scaling == kv_scaling::static_per_head) {
-    return C::with_scale(scale);
-  } else if constexpr (C::scaling == kv_scaling::per_token_head) {
-    float amax = kvkit::detail::finite_amax(x, N);
-    for (int off = lanes / 2; off > 0; off /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFU, amax, off));
-    }
-    return C::from_amax(amax);
-  } else if constexpr (C::scaling == kv_scaling::per_token_group) {
-    const kvkit::detail::finite_range r = kvkit::detail::range_of(x, N);
-    float lo = r.any ? r.lo : __int_as_float(0x7F800000);
-    float hi = r.any ? r.hi : -__int_as_float(0x7F800000);
-    int any = r.any ? 1 : 0;
-    for (int off = lanes / 2; off > 0; off /= 2) {
-      lo = fminf(lo, __shfl_xor_sync(0xFFFFFFFFU, lo, off));
-      hi = fmaxf(hi, __shfl_xor_sync(0xFFFFFFFFU, hi, off));
-      any |= __shfl_xor_sync(0xFFFFFFFFU, any, off);
-    }
-    return C::from_range({lo, hi, any != 0});
-  } else {
-    return typename C::params{};
-  }
-}
-
-// Rows codecs (parameters cover a token's channels): one CTA per (page, token); thread i takes the
-// i-th chunk of eight channels of the token's heads, so consecutive lanes read consecutive 16
-// bytes and a group's lanes are adjacent. Loops are warp-uniform, so every lane takes part in
-// the shuffles; groups never mix valid and idle lanes because a token holds whole groups.
-// Tokens one CTA of the rows kernels covers: their loads are issued together, so each thread
-// keeps this many 16-byte accesses in flight.
+// Tokens one CTA of the rows, runs and dequantize kernels covers: their loads are issued
+// together, so each thread keeps this many accesses in flight.
 inline constexpr std::int32_t tokens_per_cta = 4;
 
 // Page offsets are linear in the token: the step from one token to the next, in elements of the
@@ -241,10 +164,8 @@ __device__ inline void widen8(const raw8<T>& r, float (&x)[8]) {
     const std::uint32_t w = k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
     if constexpr (std::is_same_v<T, float>) {
       x[i] = __uint_as_float(w);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      x[i] = __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xFFFF0000U);
     } else {
-      x[i] = fp16_bits_to_float(static_cast<std::uint16_t>(i % 2 == 0 ? w & 0xFFFFU : w >> 16));
+      x[i] = widen_half<T>(w, i % 2);
     }
   }
 }
@@ -644,12 +565,9 @@ __device__ inline void widen_pair(const pair_raw<T>& r, float& a, float& b) {
   if constexpr (std::is_same_v<T, float>) {
     a = r.x;
     b = r.y;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    a = __uint_as_float(r << 16);
-    b = __uint_as_float(r & 0xFFFF0000U);
   } else {
-    a = fp16_bits_to_float(static_cast<std::uint16_t>(r & 0xFFFFU));
-    b = fp16_bits_to_float(static_cast<std::uint16_t>(r >> 16));
+    a = widen_half<T>(r, 0);
+    b = widen_half<T>(r, 1);
   }
 }
 

@@ -43,26 +43,64 @@ __device__ inline bool finite_float(float x) {
   return (__float_as_uint(x) & 0x7F800000U) != 0x7F800000U;
 }
 
-//! Eight floats stored as T with packed conversions: the bits of from_float for every non-NaN
-//! value (from_float gives one canonical NaN; these keep the NaN's payload).
+//! Half `h` (0: low, 1: high) of a word holding two 16-bit T values (fp16 or bf16), widened to
+//! float (exact).
 template <class T>
-__device__ inline void store8_non_nan(T* dst, const float (&x)[8]) {
+__device__ inline float widen_half(std::uint32_t w, int h) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(h == 0 ? w << 16 : w & 0xFFFF0000U);
+  } else {
+    return fp16_bits_to_float(static_cast<std::uint16_t>(h == 0 ? w & 0xFFFFU : w >> 16));
+  }
+}
+
+//! Two floats as a word of two 16-bit T values (a low), by one paired conversion: the bits of
+//! from_float for every non-NaN value (from_float gives one canonical NaN; this keeps payloads).
+template <class T>
+__device__ inline std::uint32_t narrow_pair(float a, float b) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+}
+
+//! Nonzero when either 16-bit T half of w is NaN: its magnitude bits exceed the infinity's, and
+//! adding (0x7FFF - infinity) carries into bit 15 exactly then.
+template <class T>
+__device__ inline std::uint32_t nan_halves(std::uint32_t w) {
+  constexpr std::uint32_t carry = std::is_same_v<T, __nv_bfloat16> ? 0x007F007FU : 0x03FF03FFU;
+  return ((w & 0x7FFF7FFFU) + carry) & 0x80008000U;
+}
+
+//! Eight floats stored as T with 16-byte (or two 16-byte) accesses, through from_float.
+template <class T>
+__device__ inline void store8(T* dst, const float (&x)[8]) {
   if constexpr (std::is_same_v<T, float>) {
     reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
     reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
   } else {
-    std::uint32_t w[4];
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if constexpr (std::is_same_v<T, __half>) {
-        const __half2 h = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
-        w[i] = *reinterpret_cast<const std::uint32_t*>(&h);
-      } else {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
-        w[i] = *reinterpret_cast<const std::uint32_t*>(&h);
-      }
+    for (int i = 0; i < 8; ++i) {
+      e[i] = from_float<T>(x[i]);
     }
-    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(dst) = raw;
+  }
+}
+
+//! store8 for values that are not NaN, with paired conversions.
+template <class T>
+__device__ inline void store8_non_nan(T* dst, const float (&x)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    store8(dst, x);
+  } else {
+    *reinterpret_cast<uint4*>(dst) =
+        make_uint4(narrow_pair<T>(x[0], x[1]), narrow_pair<T>(x[2], x[3]),
+                   narrow_pair<T>(x[4], x[5]), narrow_pair<T>(x[6], x[7]));
   }
 }
 
@@ -109,22 +147,14 @@ using passthrough_element =
 template <kv_codec C>
 __device__ inline bool decode8(const code_chunk<C>& c, const chunk_params& p, float (&x)[8]) {
   if constexpr (C::bits == 16) {
+    using E = passthrough_element<C>;
     const std::uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    // A half is NaN when its magnitude bits exceed the infinity's: adding (0x7FFF - inf) carries
-    // into bit 15 exactly then.
-    constexpr std::uint32_t nan_carry = std::is_same_v<C, bf16_codec> ? 0x007F007FU : 0x03FF03FFU;
     std::uint32_t nan = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      nan |= ((w[i] & 0x7FFF7FFFU) + nan_carry) & 0x80008000U;
-      if constexpr (std::is_same_v<C, bf16_codec>) {
-        x[2 * i] = __uint_as_float(w[i] << 16);
-        x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000U);
-      } else {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-        x[2 * i] = f.x;
-        x[2 * i + 1] = f.y;
-      }
+      nan |= nan_halves<E>(w[i]);
+      x[2 * i] = widen_half<E>(w[i], 0);
+      x[2 * i + 1] = widen_half<E>(w[i], 1);
     }
     return nan == 0;
   } else if constexpr (C::scaling == kv_scaling::static_per_head) { // fp8
@@ -178,19 +208,13 @@ __device__ inline bool decode8(const code_chunk<C>& c, const chunk_params& p, fl
 template <kv_codec C>
 __device__ inline code_chunk<C> encode8(const float (&x)[8], float inv) {
   if constexpr (C::bits == 16) {
+    using E = passthrough_element<C>;
     std::uint32_t w[4];
     std::uint32_t nan = 0;
-    constexpr std::uint32_t nan_carry = std::is_same_v<C, bf16_codec> ? 0x007F007FU : 0x03FF03FFU;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if constexpr (std::is_same_v<C, bf16_codec>) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
-        w[i] = *reinterpret_cast<const std::uint32_t*>(&h);
-      } else {
-        const __half2 h = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
-        w[i] = *reinterpret_cast<const std::uint32_t*>(&h);
-      }
-      nan |= ((w[i] & 0x7FFF7FFFU) + nan_carry) & 0x80008000U;
+      w[i] = narrow_pair<E>(x[2 * i], x[2 * i + 1]);
+      nan |= nan_halves<E>(w[i]);
     }
     if (nan != 0) { // rare: the scalar conversion gives the canonical NaN 0x7FFF
 #pragma unroll
@@ -273,15 +297,10 @@ private:
     return k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
   }
   __device__ static float widen(std::uint32_t w, int i) {
-    const int k = i % per_vector;
     if constexpr (std::is_same_v<T, float>) {
       return __uint_as_float(w);
     } else {
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        return __uint_as_float(k % 2 == 0 ? w << 16 : w & 0xFFFF0000U);
-      } else {
-        return fp16_bits_to_float(static_cast<std::uint16_t>(k % 2 == 0 ? w & 0xFFFFU : w >> 16));
-      }
+      return widen_half<T>(w, i % 2);
     }
   }
 };
