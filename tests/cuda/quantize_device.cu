@@ -173,6 +173,64 @@ std::int64_t device_conversion_mismatches(std::uint64_t seed, std::int64_t n) {
   return ok ? static_cast<std::int64_t>(host) : -1;
 }
 
+namespace {
+
+__global__ void int4_params_kernel(const float* lo, const float* hi, std::int64_t n,
+                                   kvkit::detail::scale_zero* out) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = kvkit::detail::min_max_params({lo[i], hi[i], true});
+    // The kernels' short path, for the ranges it takes: both must agree.
+    if (lo[i] >= -65504.0F && hi[i] <= 65504.0F) {
+      const auto q = kvkit::cuda::detail::int4_params_in_range(lo[i], hi[i]);
+      if (__float_as_uint(q.scale) != __float_as_uint(out[i].scale) ||
+          __float_as_uint(q.zero) != __float_as_uint(out[i].zero) ||
+          __float_as_uint(q.inv) != __float_as_uint(out[i].inv)) {
+        out[i].scale = __int_as_float(0x7FC00001); // a NaN no parameter set holds
+      }
+    }
+  }
+}
+
+__global__ void div15_kernel(unsigned long long* count) {
+  unsigned long long bad = 0;
+  for (std::uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < 0x7F800000U;
+       u += gridDim.x * blockDim.x) {
+    const float d = __uint_as_float(u);
+    bad += __float_as_uint(kvkit::detail::div15(d)) != __float_as_uint(__fdiv_rn(d, 15.0F)) ? 1 : 0;
+  }
+  atomicAdd(count, bad);
+}
+
+} // namespace
+
+std::vector<kvkit::detail::scale_zero> device_int4_params(const std::vector<float>& lo,
+                                                          const std::vector<float>& hi) {
+  const std::size_t n = lo.size();
+  device_array<float> dlo(n);
+  device_array<float> dhi(n);
+  device_array<kvkit::detail::scale_zero> dout(n);
+  std::vector<kvkit::detail::scale_zero> out(n);
+  const bool ok =
+      dlo.err == cudaSuccess && dhi.err == cudaSuccess && dout.err == cudaSuccess &&
+      cudaMemcpy(dlo.ptr, lo.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+      cudaMemcpy(dhi.ptr, hi.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+      (int4_params_kernel<<<1024, 256>>>(dlo.ptr, dhi.ptr, static_cast<std::int64_t>(n), dout.ptr),
+       cudaGetLastError() == cudaSuccess) &&
+      cudaMemcpy(out.data(), dout.ptr, n * sizeof(out[0]), cudaMemcpyDeviceToHost) == cudaSuccess;
+  return ok ? out : std::vector<kvkit::detail::scale_zero>{};
+}
+
+std::int64_t device_div15_mismatches() {
+  device_array<unsigned long long> count(1);
+  unsigned long long host = 0;
+  const bool ok = count.err == cudaSuccess &&
+                  cudaMemset(count.ptr, 0, sizeof(host)) == cudaSuccess &&
+                  (div15_kernel<<<2048, 256>>>(count.ptr), cudaGetLastError() == cudaSuccess) &&
+                  cudaMemcpy(&host, count.ptr, sizeof(host), cudaMemcpyDeviceToHost) == cudaSuccess;
+  return ok ? static_cast<std::int64_t>(host) : -1;
+}
+
 // The variants the tests run (and CI compiles).
 #define KVKIT_WRITE_KV(LAYOUT, T)                                                                  \
   template device_round_trip<T> run_write_kv<LAYOUT, T>(                                           \

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kvkit/quant/codecs.hpp"
+
 namespace kvkit_test {
 
 template <class T>
@@ -35,5 +37,15 @@ device_round_trip<T> run_write_kv(const Layout& layout, const std::vector<T>& k,
 // instructions (cvt.rn.satfinite for fp8, __float2half_rn, __float2bfloat16_rn) over `n` floats
 // made from hashed indices (every bit pattern class). Negative on a CUDA error.
 std::int64_t device_conversion_mismatches(std::uint64_t seed, std::int64_t n);
+
+// kvkit::detail::min_max_params of each (lo[i], hi[i]) computed on the device, with the scale
+// replaced by a NaN where the kernels' short path (int4_params_in_range) disagrees with it for a
+// range inside ±65504 (empty on a CUDA error).
+std::vector<kvkit::detail::scale_zero> device_int4_params(const std::vector<float>& lo,
+                                                          const std::vector<float>& hi);
+
+// Non-negative finite floats d for which the device's div15(d) differs from its division d / 15
+// (all 2^31 - 2^23 of them are tried). Negative on a CUDA error.
+std::int64_t device_div15_mismatches();
 
 } // namespace kvkit_test

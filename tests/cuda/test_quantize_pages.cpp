@@ -89,6 +89,8 @@ void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, boo
       b = -std::numeric_limits<float>::infinity();
     } else if (roll == 2) {
       a = std::numeric_limits<float>::quiet_NaN();
+    } else if (roll == 3) {
+      a = 1e6F; // finite, but past fp16: int4 parameters saturate
     }
     if (coarse) {
       const auto row = static_cast<std::size_t>(layout.head_dim());
@@ -199,6 +201,62 @@ TEST_CASE("pages smaller than a warp's chunks quantize correctly", "[cuda][quant
         float>({1, 1, 64}, 7, seed + 1);
   check<paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<128>>, __nv_bfloat16>(
       {3, 1, 128}, 5, seed + 2);
+}
+
+TEST_CASE("int4 parameters on the device match the host bit for bit", "[cuda][quant]") {
+  const std::uint64_t seed = kvkit_test::test_seed(15);
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> unit(-1.0F, 1.0F);
+  std::vector<float> lo;
+  std::vector<float> hi;
+  // Edges first: signed zeros (a channel of -0 only), fp16 subnormals, the limits and past them.
+  const std::vector<float> edges{0.0F,      -0.0F,    1e-30F,    -1e-30F, 5.96e-8F, -2.98e-8F,
+                                 1.0F,      -1.0F,    15.0F,     -15.0F,  7.5F,     65504.0F,
+                                 -65504.0F, 65519.0F, -65520.0F, 1e9F,    -1e9F,    0.1F};
+  for (const float a : edges) {
+    for (const float b : edges) {
+      if (a <= b) {
+        lo.push_back(a);
+        hi.push_back(b);
+      }
+    }
+  }
+  for (int i = 0; i < 4'000'000; ++i) {
+    float a;
+    float b;
+    if (i % 2 == 0) { // a channel at some magnitude, fp16 subnormals to past fp16's range
+      const float scale = std::ldexp(1.0F, static_cast<int>(rng() % 44) - 26);
+      a = unit(rng) * scale;
+      b = unit(rng) * scale;
+    } else { // an fp16 value or midpoint, and a range a few float steps to a few units wide
+      const auto h = static_cast<std::uint16_t>((rng() % 0x7C00U) | (rng() & 0x8000U)); // finite
+      a = kvkit::fp16_bits_to_float(h);
+      if ((rng() & 1) != 0 && (h & 0x7FFFU) < 0x7BFFU) {
+        a = (a + kvkit::fp16_bits_to_float(static_cast<std::uint16_t>(h + 1))) / 2;
+      }
+      b = (rng() & 1) != 0
+              ? std::nextafter(a, 1e30F)
+              : a + std::fabs(unit(rng)) * std::ldexp(1.0F, static_cast<int>(rng() % 16) - 8);
+    }
+    lo.push_back(std::min(a, b));
+    hi.push_back(std::max(a, b));
+  }
+  const auto got = kvkit_test::device_int4_params(lo, hi);
+  REQUIRE(got.size() == lo.size());
+  std::int64_t mismatches = 0;
+  for (std::size_t i = 0; i < lo.size(); ++i) {
+    const auto want = kvkit::detail::min_max_params({lo[i], hi[i], true});
+    const bool same = std::memcmp(&got[i].scale, &want.scale, 4) == 0 &&
+                      std::memcmp(&got[i].zero, &want.zero, 4) == 0 &&
+                      std::memcmp(&got[i].inv, &want.inv, 4) == 0;
+    if (!same && mismatches < 5) {
+      UNSCOPED_INFO("lo " << lo[i] << " hi " << hi[i]);
+    }
+    mismatches += same ? 0 : 1;
+  }
+  CHECK(mismatches == 0);
+  CHECK(kvkit_test::device_div15_mismatches() == 0);
 }
 
 TEST_CASE("conversions on the device match the device's own instructions",

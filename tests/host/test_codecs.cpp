@@ -1,7 +1,9 @@
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -125,6 +127,119 @@ TEST_CASE("int4 codes stay in 0..15 and within a step of the input", "[quant][co
       REQUIRE(std::fabs(round_trip<C>(v, p) - v) <= p.scale * 0.51F + std::fabs(v) * 1e-3F);
     }
   }
+}
+
+namespace {
+
+// The int4 parameter rule as written first, with a double-precision check: what min_max_params
+// (fp32 only, no division on the device) must reproduce bit for bit.
+kvkit::detail::scale_zero spec_min_max_params(float lo, float hi) {
+  constexpr float fp16_max = 65504.0F;
+  if (lo == 0.0F) {
+    lo = 0.0F;
+  }
+  lo = lo < -fp16_max ? -fp16_max : (lo > fp16_max ? fp16_max : lo);
+  std::uint16_t zero_bits = kvkit::float_to_fp16_bits(lo);
+  if (kvkit::fp16_bits_to_float(zero_bits) > lo) {
+    zero_bits = (zero_bits & 0x7FFFU) == 0   ? std::uint16_t{0x8001}
+                : (zero_bits & 0x8000U) != 0 ? static_cast<std::uint16_t>(zero_bits + 1U)
+                                             : static_cast<std::uint16_t>(zero_bits - 1U);
+  }
+  const float zero = kvkit::fp16_bits_to_float(zero_bits);
+  const float top = hi > zero ? hi : zero;
+  const float step = (top - zero) / 15.0F;
+  float scale =
+      kvkit::fp16_bits_to_float(kvkit::float_to_fp16_bits(step < fp16_max ? step : fp16_max));
+  if (scale < fp16_max &&
+      static_cast<double>(scale) * 15.0 + static_cast<double>(zero) < static_cast<double>(top)) {
+    scale = kvkit::fp16_bits_to_float(
+        static_cast<std::uint16_t>(kvkit::float_to_fp16_bits(scale) + 1U));
+  }
+  return {scale, zero, scale > 0.0F ? 1.0F / scale : 0.0F};
+}
+
+float from_bits(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+} // namespace
+
+TEST_CASE("int4 parameters follow the double-precision rule bit for bit", "[quant][codecs]") {
+  const std::uint64_t seed = kvkit_test::test_seed(15);
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  // Edges: signed zeros, fp16 subnormals and their midpoints, the fp16 limits and past them,
+  // values whose range divides by 15 exactly, and float extremes.
+  std::vector<float> edges{0.0F,      -0.0F,    1e-30F,    -1e-30F, 5.96e-8F, 2.98e-8F, -2.98e-8F,
+                           6.1e-5F,   -6.1e-5F, 1.0F,      -1.0F,   15.0F,    -15.0F,   65504.0F,
+                           -65504.0F, 65519.0F, -65520.0F, 1e9F,    -1e9F,    3.4e38F,  -3.4e38F,
+                           0.1F,      -0.1F,    7.5F,      -7.5F};
+  for (std::uint32_t h = 0; h < 0x7C00U; h += 97) { // fp16 values and the midpoints above them
+    const float v = kvkit::fp16_bits_to_float(static_cast<std::uint16_t>(h));
+    const float next = kvkit::fp16_bits_to_float(static_cast<std::uint16_t>(h + 1));
+    edges.insert(edges.end(), {v, -v, (v + next) / 2, -(v + next) / 2});
+  }
+  std::int64_t mismatches = 0;
+  const auto check = [&](float lo, float hi) {
+    const auto got = kvkit::detail::min_max_params({lo, hi, true});
+    const auto want = spec_min_max_params(lo, hi);
+    const bool same = std::memcmp(&got.scale, &want.scale, 4) == 0 &&
+                      std::memcmp(&got.zero, &want.zero, 4) == 0 &&
+                      std::memcmp(&got.inv, &want.inv, 4) == 0;
+    if (!same && mismatches < 5) {
+      UNSCOPED_INFO("lo " << lo << " hi " << hi);
+    }
+    mismatches += same ? 0 : 1;
+  };
+  for (const float a : edges) {
+    for (const float b : edges) {
+      if (a <= b) {
+        check(a, b);
+      }
+    }
+  }
+  std::uniform_real_distribution<float> unit(-1.0F, 1.0F);
+  for (int i = 0; i < 2'000'000; ++i) {
+    float lo;
+    float hi;
+    switch (i % 4) {
+    case 0: { // raw finite bit patterns
+      lo = from_bits(static_cast<std::uint32_t>(rng()) & 0xFF7FFFFFU);
+      hi = from_bits(static_cast<std::uint32_t>(rng()) & 0xFF7FFFFFU);
+      break;
+    }
+    case 1: { // a typical K channel at some magnitude
+      const float scale = std::ldexp(1.0F, static_cast<int>(rng() % 40) - 24);
+      lo = unit(rng) * scale;
+      hi = unit(rng) * scale;
+      break;
+    }
+    case 2: { // narrow ranges: hi a few float steps above lo
+      lo = unit(rng) * std::ldexp(1.0F, static_cast<int>(rng() % 30) - 14);
+      hi = lo;
+      for (auto n = rng() % 64; n > 0; --n) {
+        hi = std::nextafter(hi, 1e30F);
+      }
+      break;
+    }
+    default: { // lo an fp16 value or a midpoint, so the zero point meets its rounding ties
+      const auto h = static_cast<std::uint16_t>((rng() % 0x7C00U) | (rng() & 0x8000U)); // finite
+      lo = kvkit::fp16_bits_to_float(h);
+      if ((rng() & 1) != 0 && (h & 0x7FFFU) < 0x7BFFU) {
+        lo = (lo + kvkit::fp16_bits_to_float(static_cast<std::uint16_t>(h + 1))) / 2;
+      }
+      hi = lo + std::fabs(unit(rng)) * std::ldexp(1.0F, static_cast<int>(rng() % 20) - 10);
+      break;
+    }
+    }
+    if (lo > hi) {
+      std::swap(lo, hi);
+    }
+    check(lo, hi);
+  }
+  CHECK(mismatches == 0);
 }
 
 TEST_CASE("kv_format names and dispatch", "[quant][codecs]") {

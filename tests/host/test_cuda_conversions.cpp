@@ -101,3 +101,30 @@ TEST_CASE("fp16 and bf16 encode are bit-exact with CUDA's", "[quant][cuda_header
   }
   CHECK(mismatches == 0);
 }
+
+TEST_CASE("fp16 round-down is bit-exact with CUDA's", "[quant][cuda_headers]") {
+  std::mt19937_64 rng(kvkit_test::test_seed(17));
+  std::int64_t mismatches = 0;
+  const auto check = [&](float x) {
+    const __half h = __float2half_rd(x);
+    std::uint16_t hb;
+    std::memcpy(&hb, &h, 2);
+    mismatches += hb != kvkit::float_to_fp16_bits_down(x) ? 1 : 0;
+  };
+  for (std::uint32_t b = 0; b < 0x7C00U; ++b) { // every finite fp16 value, its neighbours
+    const float v = kvkit::fp16_bits_to_float(static_cast<std::uint16_t>(b));
+    for (const float x : {v, std::nextafter(v, 1e9F), std::nextafter(v, -1e9F)}) {
+      if (std::fabs(x) <= 65504.0F) {
+        check(x);
+        check(-x);
+      }
+    }
+  }
+  for (std::uint64_t i = 0; i < 4'000'000; ++i) {
+    const float x = draw(rng, i);
+    if (std::fabs(x) <= 65504.0F) { // the documented domain (NaN fails the test too)
+      check(x);
+    }
+  }
+  CHECK(mismatches == 0);
+}

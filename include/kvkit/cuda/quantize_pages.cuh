@@ -462,7 +462,8 @@ __device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int6
         lo = min_nan(lo, __shfl_xor_sync(0xFFFFFFFFU, lo, off));
         hi = max_nan(hi, __shfl_xor_sync(0xFFFFFFFFU, hi, off));
       }
-      p = C::from_range({lo, hi, true});
+      p = lo >= -65504.0F && hi <= 65504.0F ? int4_params_in_range(lo, hi)
+                                            : C::from_range({lo, hi, true});
       // Saturated parameters (a range beyond fp16's) need the scalar encoder's clamps.
       finite_group = lo >= -65504.0F && hi < inf && p.scale < 65504.0F;
     }
@@ -551,158 +552,206 @@ __global__ void __maxnreg__((write_kv_registers<KC, VC, T>))
   }
 }
 
-// Two adjacent input values (a channel pair of one token) as loaded, and widened.
+// Four adjacent input values (channels c..c+3 of one token) as loaded, and widened.
 template <class T>
-using pair_raw = std::conditional_t<std::is_same_v<T, float>, float2, std::uint32_t>;
+using quad_raw = std::conditional_t<std::is_same_v<T, float>, float4, uint2>;
 
 template <class T>
-__device__ inline pair_raw<T> load_pair(const T* src) {
-  return *reinterpret_cast<const pair_raw<T>*>(src);
+__device__ inline quad_raw<T> load_quad(const T* src) {
+  return *reinterpret_cast<const quad_raw<T>*>(src);
 }
 
 template <class T>
-__device__ inline void widen_pair(const pair_raw<T>& r, float& a, float& b) {
+__device__ inline void widen_quad(const quad_raw<T>& r, float (&x)[4]) {
   if constexpr (std::is_same_v<T, float>) {
-    a = r.x;
-    b = r.y;
+    x[0] = r.x;
+    x[1] = r.y;
+    x[2] = r.z;
+    x[3] = r.w;
   } else {
-    a = widen_half<T>(r, 0);
-    b = widen_half<T>(r, 1);
+    x[0] = widen_half<T>(r.x, 0);
+    x[1] = widen_half<T>(r.x, 1);
+    x[2] = widen_half<T>(r.y, 0);
+    x[3] = widen_half<T>(r.y, 1);
   }
 }
 
-// Per-channel codecs: one CTA per page, a thread per channel pair (one code byte per token), so
-// a warp reads 64 adjacent channels of a token at once and writes their 32 code bytes, and a
-// thread ranges, parameterizes and codes its two channels alone: no shuffles, no shared
+// Per-channel codecs: one CTA per page, a thread per four adjacent channels (one 2-byte code word
+// per token), so a warp reads 128 adjacent channels of a token at once and writes their 64 code
+// bytes, and a thread ranges, parameterizes and codes its channels alone: no shuffles, no shared
 // parameter math. Pages of up to `held` tokens are loaded once and kept in registers; longer
-// ones are read twice (range, then codes). Ranges are NaN-propagating; when neither holds a NaN
-// or Inf and no parameter saturates, the zero point (rounded down) and the scale put every
+// ones are read twice (range, then codes). Ranges are NaN-propagating; when every value is
+// finite and within ±65504, the zero point (rounded down) and the scale put every
 // (x - zero) * inv in [0, 15.5), so codes need no clamp. Otherwise the thread ranges its channels
-// again as the scalar code does and codes with it. 64 registers (unbounded it takes 113, without
-// need) let two 512-thread CTAs share an SM.
+// again as the scalar code does and codes with it.
 template <kv_codec C, class Layout, class T>
-__global__ void __maxnreg__(64)
+__global__ void __maxnreg__(72)
     quantize_columns_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
                             std::int64_t data_offset, std::int64_t param_offset) {
-  constexpr int held = 16;
+  static_assert(C::bits == 4 && C::param_bytes == 4);
+  constexpr int held = sizeof(T) == 4 ? 8 : 16; // tokens kept in 32 registers
   constexpr int batch = 8; // tokens whose loads are in flight together, longer pages
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
   const T* base = src + static_cast<std::int64_t>(page_index) * l.elements();
   const std::int32_t dim = l.head_dim();
   const std::int32_t tokens = l.page_size();
-  const std::int32_t row = l.num_kv_heads() * dim; // input elements per token
-  const std::int32_t code_step = token_step(l);
+  const std::int32_t row = l.num_kv_heads() * dim;  // input elements per token
+  const std::int32_t word_step = token_step(l) / 4; // code words (4 channels) per token
   const float inf = __int_as_float(0x7F800000);
-  for (std::int32_t pr = static_cast<std::int32_t>(threadIdx.x); pr < row / 2;
-       pr += static_cast<std::int32_t>(blockDim.x)) {
-    const std::int32_t h = 2 * pr / dim;
-    const std::int32_t c = 2 * pr % dim;
-    const T* in = base + 2 * pr;
-    const auto codes_at = static_cast<std::int32_t>(l.element_index(0, h, c));
-    std::byte* out = page + data_offset;
-    const auto extend = [](float& lo, float& hi, float x) {
-      lo = min_nan(lo, x);
-      hi = max_nan(hi, x);
+  const auto quad = static_cast<std::int32_t>(blockIdx.y * blockDim.x + threadIdx.x);
+  if (quad < row / 4) {
+    const std::int32_t h = 4 * quad / dim;
+    const std::int32_t c = 4 * quad % dim;
+    const T* in = base + 4 * quad;
+    // Byte pointers to token 0's values and code word; token t adds t times a uniform step.
+    const auto* in_bytes = opaque(reinterpret_cast<const char*>(in));
+    auto* out_bytes =
+        opaque(reinterpret_cast<char*>(reinterpret_cast<std::uint16_t*>(page + data_offset) +
+                                       static_cast<std::int32_t>(l.element_index(0, h, c)) / 4));
+    const auto row_bytes = static_cast<std::int64_t>(row) * static_cast<std::int64_t>(sizeof(T));
+    const auto word_bytes = static_cast<std::int64_t>(word_step) * 2;
+    // Token t's values, or the last token's past the page (they leave a range unchanged):
+    // loads without branches.
+    const auto load = [&](std::int32_t t) {
+      return __ldg(reinterpret_cast<const quad_raw<T>*>(in_bytes + min(t, tokens - 1) * row_bytes));
     };
-    const auto exact = [](kvkit::detail::finite_range& f, float x) {
-      if (kvkit::detail::finite(x)) {
-        f.lo = f.any ? fminf(x, f.lo) : x;
-        f.hi = f.any ? fmaxf(x, f.hi) : x;
-        f.any = true;
-      }
-    };
-    // Pages longer than `held`: fn(t, values) for every token, `batch` tokens' loads in flight.
+    // fn(t, values) for every token, `batch` tokens' loads in flight.
     const auto each_token = [&](auto&& fn) {
       for (std::int32_t t0 = 0; t0 < tokens; t0 += batch) {
-        pair_raw<T> w[batch];
+        quad_raw<T> w[batch];
 #pragma unroll
         for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            w[u] = load_pair(in + (t0 + u) * row);
-          }
+          w[u] = load(t0 + u);
         }
 #pragma unroll
         for (int u = 0; u < batch; ++u) {
-          if (t0 + u < tokens) {
-            fn(t0 + u, w[u]);
-          }
+          fn(t0 + u, w[u]);
         }
       }
     };
-    float lo0 = inf;
-    float hi0 = -inf;
-    float lo1 = inf;
-    float hi1 = -inf;
-    pair_raw<T> v[held];
+    // Ranges: 16-bit inputs stay packed (one min or max per two values), floats per value.
+    float lo[4] = {inf, inf, inf, inf};
+    float hi[4] = {-inf, -inf, -inf, -inf};
+    constexpr std::uint32_t inf2 = std::is_same_v<T, __half> ? 0x7C007C00U : 0x7F807F80U;
+    std::uint32_t lo2[2] = {inf2, inf2};
+    std::uint32_t hi2[2] = {inf2 | 0x80008000U, inf2 | 0x80008000U};
+    const auto extend = [&](std::int32_t /*t*/, const quad_raw<T>& r) {
+      if constexpr (std::is_same_v<T, float>) {
+        float x[4];
+        widen_quad<T>(r, x);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          lo[j] = min_nan(lo[j], x[j]);
+          hi[j] = max_nan(hi[j], x[j]);
+        }
+      } else {
+        lo2[0] = min2_nan<T>(lo2[0], r.x);
+        lo2[1] = min2_nan<T>(lo2[1], r.y);
+        hi2[0] = max2_nan<T>(hi2[0], r.x);
+        hi2[1] = max2_nan<T>(hi2[1], r.y);
+      }
+    };
+    quad_raw<T> v[held];
     const bool hold = tokens <= held;
     if (hold) {
 #pragma unroll
       for (int u = 0; u < held; ++u) {
-        if (u < tokens) {
-          v[u] = load_pair(in + u * row);
-        }
+        v[u] = load(u);
       }
 #pragma unroll
       for (int u = 0; u < held; ++u) {
-        if (u < tokens) {
-          float a;
-          float b;
-          widen_pair<T>(v[u], a, b);
-          extend(lo0, hi0, a);
-          extend(lo1, hi1, b);
-        }
+        extend(u, v[u]);
       }
     } else {
-      each_token([&](std::int32_t /*t*/, const pair_raw<T>& r) {
-        float a;
-        float b;
-        widen_pair<T>(r, a, b);
-        extend(lo0, hi0, a);
-        extend(lo1, hi1, b);
-      });
+      each_token(extend);
     }
-    typename C::params p0 = C::from_range({lo0, hi0, true});
-    typename C::params p1 = C::from_range({lo1, hi1, true});
-    const bool fast = lo0 >= -65504.0F && hi0 < inf && p0.scale < 65504.0F && lo1 >= -65504.0F &&
-                      hi1 < inf && p1.scale < 65504.0F; // false for NaN too
-    if (!fast) {
-      kvkit::detail::finite_range f0;
-      kvkit::detail::finite_range f1;
+    if constexpr (!std::is_same_v<T, float>) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        lo[j] = widen_half<T>(lo2[j / 2], j % 2);
+        hi[j] = widen_half<T>(hi2[j / 2], j % 2);
+      }
+    }
+    bool fast = true;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      fast = fast && lo[j] >= -65504.0F && hi[j] <= 65504.0F; // false for NaN too
+    }
+    typename C::params p[4];
+    if (fast) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        p[j] = int4_params_in_range(lo[j], hi[j]);
+      }
+    } else {
+      kvkit::detail::finite_range f[4];
       for (std::int32_t t = 0; t < tokens; ++t) {
-        float a;
-        float b;
-        widen_pair<T>(load_pair(in + t * row), a, b);
-        exact(f0, a);
-        exact(f1, b);
-      }
-      p0 = C::from_range(f0);
-      p1 = C::from_range(f1);
-    }
-    C::store(p0, page + param_offset + l.template param_index<C>(0, h, c) * C::param_bytes);
-    C::store(p1, page + param_offset + l.template param_index<C>(0, h, c + 1) * C::param_bytes);
-    const auto code = [&](std::int32_t t, const pair_raw<T>& r) {
-      float a;
-      float b;
-      widen_pair<T>(r, a, b);
-      std::uint32_t byte;
-      if (fast) {
-        byte = (round_bits(__fmul_rn(__fsub_rn(a, p0.zero), p0.inv)) & 0xFU) |
-               ((round_bits(__fmul_rn(__fsub_rn(b, p1.zero), p1.inv)) & 0xFU) << 4);
-      } else {
-        byte = (C::encode(a, p0) & 0xFU) | ((C::encode(b, p1) & 0xFU) << 4);
-      }
-      out[(codes_at + t * code_step) / 2] = static_cast<std::byte>(byte);
-    };
-    if (hold) {
+        float x[4];
+        widen_quad<T>(load_quad(in + t * row), x);
 #pragma unroll
-      for (int u = 0; u < held; ++u) {
-        if (u < tokens) {
-          code(u, v[u]);
+        for (int j = 0; j < 4; ++j) {
+          if (kvkit::detail::finite(x[j])) {
+            f[j].lo = f[j].any ? fminf(x[j], f[j].lo) : x[j];
+            f[j].hi = f[j].any ? fmaxf(x[j], f[j].hi) : x[j];
+            f[j].any = true;
+          }
         }
       }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        p[j] = C::from_range(f[j]);
+      }
+    }
+    // The four channels' parameters are adjacent: one 16-byte store. Both are fp16 values
+    // (never NaN), so one paired conversion gives their bits exactly.
+    std::uint32_t packed[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      packed[j] = narrow_pair<__half>(p[j].scale, p[j].zero);
+    }
+    *reinterpret_cast<uint4*>(page + param_offset +
+                              l.template param_index<C>(0, h, c) * C::param_bytes) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    // Codes every token with word(values): from registers when the page is held.
+    const auto code = [&](auto&& word) {
+      const auto store = [&](std::int32_t t, const quad_raw<T>& r) {
+        float x[4];
+        widen_quad<T>(r, x);
+        const std::uint32_t w = word(x);
+        if (t < tokens) {
+          asm volatile("st.global.b16 [%0], %1;" ::"l"(out_bytes + t * word_bytes),
+                       "h"(static_cast<std::uint16_t>(w)));
+        }
+      };
+      if (hold) {
+#pragma unroll
+        for (int u = 0; u < held; ++u) {
+          store(u, v[u]);
+        }
+      } else {
+        each_token(store);
+      }
+    };
+    if (fast) {
+      code([&](const float(&x)[4]) {
+        std::uint32_t b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          b[j] = round_bits(__fmul_rn(__fsub_rn(x[j], p[j].zero), p[j].inv)); // low byte: code
+        }
+        // Bits 8-15 of each b are zero, so b0 + 16 * b1 has codes 0 and 1 in its low byte.
+        return __byte_perm(b[0] + 16U * b[1], b[2] + 16U * b[3], 0x0040U);
+      });
     } else {
-      each_token(code);
+      code([&](const float(&x)[4]) {
+        std::uint32_t w = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          w |= (C::encode(x[j], p[j]) & 0xFU) << (4 * j);
+        }
+        return w;
+      });
     }
   }
 }
@@ -790,10 +839,12 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
     const unsigned threads =
         threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
     if constexpr (Quantize) {
-      // A thread per channel pair.
-      quantize_columns_kernel<C>
-          <<<pages, threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 2), 0,
-             stream>>>(l, elements, b.cache, b.page_ids, data_offset, param_offset);
+      // A thread per four channels.
+      const auto quads = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 4;
+      const unsigned quad_threads = threads_for(quads);
+      const dim3 grid(pages, static_cast<unsigned>((quads + quad_threads - 1) / quad_threads));
+      quantize_columns_kernel<C><<<grid, quad_threads, 0, stream>>>(
+          l, elements, b.cache, b.page_ids, data_offset, param_offset);
     } else {
       dequantize_columns_kernel<C><<<pages, threads, 0, stream>>>(
           l, b.cache, b.page_ids, data_offset, param_offset, elements);

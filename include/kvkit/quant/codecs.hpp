@@ -66,10 +66,36 @@ struct finite_range {
   return r;
 }
 
-// Scale and zero point mapping a range onto codes 0..levels, stored as fp16 (the encoder uses the
+// RN(d / 15) for finite d >= 0. On the device a product and one fused correction, which is the
+// correctly rounded quotient for every such float (checked for all of them, and by the GPU tests
+// against the host's division); the host divides.
+[[nodiscard]] KVKIT_HOST_DEVICE inline float div15(float d) {
+#if KVKIT_IS_DEVICE_CODE
+  constexpr float inv15 = 1.0F / 15.0F;
+  const float q = __fmul_rn(d, inv15);
+  return __fmaf_rn(__fmaf_rn(-15.0F, q, d), inv15, q);
+#else
+  return d / 15.0F;
+#endif
+}
+
+// Whether the exact sum a + b is below t (the sum must not overflow). The rounded sum decides
+// unless it equals t; then the sign of the rounding error does (Knuth's TwoSum: exact).
+[[nodiscard]] KVKIT_HOST_DEVICE inline bool exact_sum_below(float a, float b, float t) {
+  const float s = a + b;
+  if (s != t) {
+    return s < t;
+  }
+  const float b_part = s - a;
+  const float a_part = s - b_part;
+  return (a - a_part) + (b - b_part) < 0.0F;
+}
+
+// Scale and zero point mapping a range onto codes 0..15, stored as fp16 (the encoder uses the
 // fp16-rounded values, so encode and decode agree with what the page holds). Kernels reduce a
 // group's range in parallel and call this same function, so host and device agree bit for bit.
-[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero min_max_params(finite_range r, float levels) {
+[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero min_max_params(finite_range r) {
+  constexpr float levels = 15.0F;
   if (!r.any) {
     r.lo = 0.0F;
     r.hi = 0.0F;
@@ -81,31 +107,26 @@ struct finite_range {
   }
   // Parameters are fp16: a range beyond ±65504 saturates rather than becoming infinite.
   constexpr float fp16_max = 65504.0F;
+  constexpr std::uint16_t fp16_max_bits = 0x7BFF;
   const float lo = r.lo < -fp16_max ? -fp16_max : (r.lo > fp16_max ? fp16_max : r.lo);
   // The zero point is rounded down, never up: no value of the range lies below it, so no value
   // is clipped at code 0 (and an encoder needs no lower clamp).
-  std::uint16_t zero_bits = float_to_fp16_bits(lo);
-  if (fp16_bits_to_float(zero_bits) > lo) {
-    zero_bits = (zero_bits & 0x7FFFU) == 0   ? std::uint16_t{0x8001}
-                : (zero_bits & 0x8000U) != 0 ? static_cast<std::uint16_t>(zero_bits + 1U)
-                                             : static_cast<std::uint16_t>(zero_bits - 1U);
-  }
-  const float zero = fp16_bits_to_float(zero_bits);
+  const float zero = fp16_bits_to_float(float_to_fp16_bits_down(lo));
   const float top = r.hi > zero ? r.hi : zero;
-  const float step = (top - zero) / levels;
-  float scale = fp16_bits_to_float(float_to_fp16_bits(step < fp16_max ? step : fp16_max));
+  const float step = div15(top - zero);
+  std::uint16_t scale_bits = float_to_fp16_bits(step < fp16_max ? step : fp16_max);
   // fp16 rounding of the scale may fall short of reaching hi; never let codes saturate early.
-  // (In double the product is exact, so a fused multiply-add cannot change the comparison.)
-  if (scale < fp16_max &&
-      static_cast<double>(scale) * levels + static_cast<double>(zero) < static_cast<double>(top)) {
-    scale = fp16_bits_to_float(static_cast<std::uint16_t>(float_to_fp16_bits(scale) + 1U));
+  // scale * 15 is exact in float (an 11-bit significand times a 4-bit one).
+  if (scale_bits < fp16_max_bits &&
+      exact_sum_below(fp16_bits_to_float(scale_bits) * levels, zero, top)) {
+    ++scale_bits;
   }
+  const float scale = fp16_bits_to_float(scale_bits);
   return {scale, zero, reciprocal(scale)};
 }
 
-[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero fit_min_max(const float* xs, std::int32_t n,
-                                                              float levels) {
-  return min_max_params(range_of(xs, n), levels);
+[[nodiscard]] KVKIT_HOST_DEVICE inline scale_zero fit_min_max(const float* xs, std::int32_t n) {
+  return min_max_params(range_of(xs, n));
 }
 
 [[nodiscard]] KVKIT_HOST_DEVICE inline float finite_amax(const float* xs, std::int32_t n) {
@@ -255,10 +276,10 @@ struct int4_min_max {
   static constexpr std::int32_t bits = 4;
   static constexpr std::int32_t param_bytes = 4;
   KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
-    return fit_min_max(xs, n, 15.0F);
+    return fit_min_max(xs, n);
   }
   //! Parameters from a group's finite range (what `fit` reduces to).
-  KVKIT_HOST_DEVICE static params from_range(finite_range r) { return min_max_params(r, 15.0F); }
+  KVKIT_HOST_DEVICE static params from_range(finite_range r) { return min_max_params(r); }
   KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
     return encode_min_max(x, p, 15);
   }

@@ -213,6 +213,26 @@ enum class fp8_format : std::uint8_t {
 #endif
 }
 
+//! float -> binary16 rounded toward -Inf, for finite x with |x| <= 65504 (int4 zero points). On
+//! the device this is the conversion instruction; on the host, round to nearest and step down
+//! when that went up.
+[[nodiscard]] KVKIT_HOST_DEVICE inline std::uint16_t float_to_fp16_bits_down(float x) {
+#if KVKIT_IS_DEVICE_CODE
+  std::uint16_t h;
+  asm("cvt.rm.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+#else
+  const std::uint16_t h = soft_float_to_fp16_bits(x);
+  if (!(fp16_bits_to_float(h) > x)) {
+    return h;
+  }
+  if ((h & 0x7FFFU) == 0) {
+    return 0x8001; // x is a tiny negative value: the least negative subnormal
+  }
+  return static_cast<std::uint16_t>((h & 0x8000U) != 0 ? h + 1U : h - 1U);
+#endif
+}
+
 //! fp8 -> float (exact). e4m3: 0x7F and 0xFF are NaN. e5m2: exponent 31 is Inf or NaN. On sm_89
 //! and later devices, the conversion instructions.
 [[nodiscard]] KVKIT_HOST_DEVICE inline float fp8_bits_to_float(std::uint8_t c, fp8_format f) {
