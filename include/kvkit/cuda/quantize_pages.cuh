@@ -646,10 +646,8 @@ __global__ void __maxnreg__(72)
           hi[j] = max_nan(hi[j], x[j]);
         }
       } else {
-        lo2[0] = min2_nan<T>(lo2[0], r.x);
-        lo2[1] = min2_nan<T>(lo2[1], r.y);
-        hi2[0] = max2_nan<T>(hi2[0], r.x);
-        hi2[1] = max2_nan<T>(hi2[1], r.y);
+        extend2_nan<T>(lo2[0], hi2[0], r.x);
+        extend2_nan<T>(lo2[1], hi2[1], r.y);
       }
     };
     quad_raw<T> v[held];

@@ -51,27 +51,15 @@ __device__ inline kvkit::detail::scale_zero int4_params_in_range(float lo, float
   return {scale, zero, scale > 0.0F ? __frcp_rn(scale) : 0.0F};
 }
 
-//! Lane-wise min and max of two words of two 16-bit T values (fp16 or bf16), NaN when either
-//! lane is NaN: exact, one instruction for two values.
+//! Lane-wise lo = min(lo, x) and hi = max(hi, x) over words of two 16-bit T values (fp16 or
+//! bf16), NaN when either lane is NaN: exact, one instruction each for two values.
 template <class T>
-__device__ inline std::uint32_t min2_nan(std::uint32_t a, std::uint32_t b) {
-  std::uint32_t r;
+__device__ inline void extend2_nan(std::uint32_t& lo, std::uint32_t& hi, std::uint32_t x) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    asm("min.NaN.bf16x2 %0, %0, %2;\n\tmax.NaN.bf16x2 %1, %1, %2;" : "+r"(lo), "+r"(hi) : "r"(x));
   } else {
-    asm("min.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    asm("min.NaN.f16x2 %0, %0, %2;\n\tmax.NaN.f16x2 %1, %1, %2;" : "+r"(lo), "+r"(hi) : "r"(x));
   }
-  return r;
-}
-template <class T>
-__device__ inline std::uint32_t max2_nan(std::uint32_t a, std::uint32_t b) {
-  std::uint32_t r;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  } else {
-    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  }
-  return r;
 }
 
 //! p, as a value the compiler cannot see through: offsets added to it stay one 64-bit add
