@@ -29,6 +29,7 @@
 #include "kvkit/block/page_table.hpp"
 #include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/cuda/detail/elements.cuh"
+#include "kvkit/cuda/detail/page_codecs.cuh"
 #include "kvkit/error.hpp"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -232,17 +233,6 @@ __device__ inline void lds(const void* smem, std::uint32_t* w) {
 
 __device__ inline std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
   return __byte_perm(a, b, sel);
-}
-
-template <class E>
-__device__ inline std::uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  }
 }
 
 __device__ inline std::uint32_t hsub2(std::uint32_t a, std::uint32_t b) {
@@ -659,9 +649,10 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     const T* qrow = p.q + (static_cast<std::int64_t>(b) * p.num_q_heads + h * p.group + head) * D;
 #pragma unroll
     for (int s = 0; s < D / 8; ++s) {
-      qf[nt][s] = head < p.group ? pack2<kmma>(to_float(qrow[kf::k_abs(i, kf::k_channel(s, 0))]),
-                                               to_float(qrow[kf::k_abs(i, kf::k_channel(s, 1))]))
-                                 : 0U;
+      qf[nt][s] = head < p.group
+                      ? narrow_pair<kmma>(to_float(qrow[kf::k_abs(i, kf::k_channel(s, 0))]),
+                                          to_float(qrow[kf::k_abs(i, kf::k_channel(s, 1))]))
+                      : 0U;
     }
   }
 
@@ -804,8 +795,8 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
         const float sv1 = __uint_as_float(vp[1]);
         pr[0] *= sv0, pr[1] *= sv0, pr[2] *= sv1, pr[3] *= sv1;
       }
-      pb[nt][0] = transpose8x8(pack2<vmma>(pr[0], pr[1]));
-      pb[nt][1] = transpose8x8(pack2<vmma>(pr[2], pr[3]));
+      pb[nt][0] = transpose8x8(narrow_pair<vmma>(pr[0], pr[1]));
+      pb[nt][1] = transpose8x8(narrow_pair<vmma>(pr[2], pr[3]));
     }
 
     // O^T += V^T P^T: rows are this thread's channels, columns the heads.

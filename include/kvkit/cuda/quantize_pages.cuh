@@ -689,11 +689,7 @@ __global__ void __maxnreg__(72)
         widen_quad<T>(load_quad(in + t * row), x);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          if (kvkit::detail::finite(x[j])) {
-            f[j].lo = f[j].any ? fminf(x[j], f[j].lo) : x[j];
-            f[j].hi = f[j].any ? fmaxf(x[j], f[j].hi) : x[j];
-            f[j].any = true;
-          }
+          f[j].add(x[j]);
         }
       }
 #pragma unroll

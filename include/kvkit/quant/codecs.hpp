@@ -51,17 +51,21 @@ struct finite_range {
   float lo = 0.0F;
   float hi = 0.0F;
   bool any = false;
+
+  //! Takes x into the range when it is finite.
+  KVKIT_HOST_DEVICE void add(float x) {
+    if (finite(x)) {
+      lo = any ? (x < lo ? x : lo) : x;
+      hi = any ? (x > hi ? x : hi) : x;
+      any = true;
+    }
+  }
 };
 
 [[nodiscard]] KVKIT_HOST_DEVICE inline finite_range range_of(const float* xs, std::int32_t n) {
   finite_range r;
   for (std::int32_t i = 0; i < n; ++i) {
-    const float x = xs[i];
-    if (finite(x)) {
-      r.lo = r.any ? (x < r.lo ? x : r.lo) : x;
-      r.hi = r.any ? (x > r.hi ? x : r.hi) : x;
-      r.any = true;
-    }
+    r.add(xs[i]);
   }
   return r;
 }

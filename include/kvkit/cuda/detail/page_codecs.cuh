@@ -55,11 +55,14 @@ __device__ inline kvkit::detail::scale_zero int4_params_in_range(float lo, float
 //! bf16), NaN when either lane is NaN: exact, one instruction each for two values.
 template <class T>
 __device__ inline void extend2_nan(std::uint32_t& lo, std::uint32_t& hi, std::uint32_t x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("min.NaN.bf16x2 %0, %0, %2;\n\tmax.NaN.bf16x2 %1, %1, %2;" : "+r"(lo), "+r"(hi) : "r"(x));
-  } else {
-    asm("min.NaN.f16x2 %0, %0, %2;\n\tmax.NaN.f16x2 %1, %1, %2;" : "+r"(lo), "+r"(hi) : "r"(x));
-  }
+  using pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const auto as_pair = [](const std::uint32_t& w) {
+    return *reinterpret_cast<const pair*>(&w);
+  };
+  const pair l = __hmin2_nan(as_pair(lo), as_pair(x));
+  const pair h = __hmax2_nan(as_pair(hi), as_pair(x));
+  lo = *reinterpret_cast<const std::uint32_t*>(&l);
+  hi = *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
 //! p, as a value the compiler cannot see through: offsets added to it stay one 64-bit add
@@ -372,23 +375,18 @@ __device__ inline void run_range(const run_values<T>& x, float& lo, float& hi) {
       hi = max_nan(hi, x[i]);
     }
   } else {
-    using pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-    const auto as_pair = [](std::uint32_t w) {
-      return *reinterpret_cast<const pair*>(&w);
-    };
-    pair l = as_pair(x.v[0].x);
-    pair h = l;
+    std::uint32_t l = x.v[0].x;
+    std::uint32_t h = l;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const std::uint32_t w[4] = {x.v[j].x, x.v[j].y, x.v[j].z, x.v[j].w};
 #pragma unroll
       for (int k = j == 0 ? 1 : 0; k < 4; ++k) {
-        l = __hmin2_nan(l, as_pair(w[k]));
-        h = __hmax2_nan(h, as_pair(w[k]));
+        extend2_nan<T>(l, h, w[k]);
       }
     }
-    lo = min_nan(__low2float(l), __high2float(l));
-    hi = max_nan(__low2float(h), __high2float(h));
+    lo = min_nan(widen_half<T>(l, 0), widen_half<T>(l, 1));
+    hi = max_nan(widen_half<T>(h, 0), widen_half<T>(h, 1));
   }
 }
 
