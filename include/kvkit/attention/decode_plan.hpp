@@ -53,8 +53,8 @@ struct decode_plan {
 
   //! Keys a thread block processes per step of its four warps (each warp takes 16).
   static constexpr std::int32_t tile_tokens = 64;
-  //! The most splits a sequence is cut into (the merging block keeps every split's weight in
-  //! shared memory); longer sequences get longer chunks.
+  //! The most splits a sequence is cut into (the last block of a sequence merges every split's
+  //! partial result, so more splits lengthen that chain); longer sequences get longer chunks.
   static constexpr std::int32_t max_splits_limit = 256;
 
   //! Bytes of workspace: partial outputs and log-sum-exps (fp32) of every split, and one arrival

@@ -908,55 +908,86 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     return;
   }
   __threadfence();
-  // Each split's weight exp2(lse - max) / sum per head, in shared memory (loaded in parallel),
-  // then every output element as the weighted sum of the splits' partial outputs.
-  constexpr int smem_floats = decode_smem_bytes<K, V, D, NT>() / 4;
-  float* const weight = reinterpret_cast<float*>(smem_raw); // [group][nsplit]
-  float* const head_lse = weight + smem_floats - 16;        // [group]
-  static_assert(16 * decode_plan::max_splits_limit + 16 <= smem_floats,
-                "the weights of every split fit in shared memory");
-  for (int e = static_cast<int>(threadIdx.x); e < p.group * nsplit; e += decode_warps * 32) {
-    weight[e] = __ldcg(p.part_lse + (row0 + e / nsplit) * p.max_splits + e % nsplit);
-  }
-  __syncthreads();
-  if (static_cast<int>(threadIdx.x) < p.group) {
-    float* const w = weight + threadIdx.x * nsplit;
-    float mx = -INFINITY;
-    for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-      mx = fmaxf(mx, w[sp]);
-    }
-    float sum = 0.0F;
-    for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-      w[sp] = mx == -INFINITY ? 0.0F : fast_exp2(w[sp] - mx);
-      sum += w[sp];
-    }
-    const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
-    for (std::int32_t sp = 0; sp < nsplit; ++sp) {
-      w[sp] *= inv;
-    }
-    head_lse[threadIdx.x] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
-  }
-  __syncthreads();
-  for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
-    const int row = e / D;
-    const int ch = e % D;
+  // Every output element of the group is a log-sum-exp merge of the splits' partial outputs. A
+  // thread takes four channels of one head and a share of the splits, loads their partial log-sum-
+  // exps and outputs eight splits at a time (independent loads, one round trip to L2 a batch), and
+  // folds them in with a running maximum; the threads sharing an element then merge by shuffles.
+  // No shared memory and no block barrier: the chain after the last split arrives is short.
+  constexpr int quads = D / 4;
+  const int outputs = p.group * quads;
+  // Threads per output element (a power of two up to 8, adjacent lanes).
+  const int parts = outputs >= decode_warps * 32       ? 1
+                    : outputs * 2 >= decode_warps * 32 ? 2
+                    : outputs * 4 >= decode_warps * 32 ? 4
+                                                       : 8;
+  const int part = static_cast<int>(threadIdx.x) % parts;
+  for (int e = static_cast<int>(threadIdx.x) / parts; e < outputs; e += decode_warps * 32 / parts) {
+    const int row = e / quads;
+    const int quad = e % quads;
     const std::int64_t prow0 = (row0 + row) * p.max_splits;
-    const float* const w = weight + row * nsplit;
+    float mx = -INFINITY;
+    float sum = 0.0F;
     float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
-    std::int32_t sp = 0;
-    for (; sp + 4 <= nsplit; sp += 4) {
+    constexpr int batch = 8;
+    for (std::int32_t sp0 = part; sp0 < nsplit; sp0 += batch * parts) {
+      float ls[batch];
+      float4 v[batch];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        acc[u] += w[sp + u] * __ldcg(p.part_o + (prow0 + sp + u) * D + ch);
+      for (int u = 0; u < batch; ++u) {
+        const std::int32_t sp = sp0 + u * parts;
+        const bool in = sp < nsplit;
+        ls[u] = in ? __ldcg(p.part_lse + prow0 + sp) : -INFINITY;
+        v[u] = in ? __ldcg(reinterpret_cast<const float4*>(p.part_o + (prow0 + sp) * D) + quad)
+                  : make_float4(0.0F, 0.0F, 0.0F, 0.0F);
+      }
+#pragma unroll
+      for (int u = 0; u < batch; ++u) {
+        const float m_new = fmaxf(mx, ls[u]);
+        if (m_new != -INFINITY) {
+          const float corr = fast_exp2(mx - m_new);
+          const float w = fast_exp2(ls[u] - m_new);
+          sum = sum * corr + w;
+          acc[0] = acc[0] * corr + w * v[u].x;
+          acc[1] = acc[1] * corr + w * v[u].y;
+          acc[2] = acc[2] * corr + w * v[u].z;
+          acc[3] = acc[3] * corr + w * v[u].w;
+          mx = m_new;
+        }
       }
     }
-    for (; sp < nsplit; ++sp) {
-      acc[0] += w[sp] * __ldcg(p.part_o + (prow0 + sp) * D + ch);
+    // The lanes of one element: `parts` adjacent lanes, all present in every iteration together.
+    const unsigned group_mask =
+        ((1U << parts) - 1U) << (static_cast<unsigned>(lane) & ~static_cast<unsigned>(parts - 1));
+    for (int d = 1; d < parts; d *= 2) {
+      const float o_mx = __shfl_xor_sync(group_mask, mx, d);
+      const float o_sum = __shfl_xor_sync(group_mask, sum, d);
+      float o_acc[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        o_acc[c] = __shfl_xor_sync(group_mask, acc[c], d);
+      }
+      const float m_new = fmaxf(mx, o_mx);
+      if (m_new != -INFINITY) {
+        const float a = fast_exp2(mx - m_new);
+        const float b2 = fast_exp2(o_mx - m_new);
+        sum = sum * a + o_sum * b2;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          acc[c] = acc[c] * a + o_acc[c] * b2;
+        }
+        mx = m_new;
+      }
     }
-    p.out[(row0 + row) * D + ch] =
-        from_float<T>(((acc[0] + acc[1]) + (acc[2] + acc[3])) * v_static);
-    if (ch == 0 && p.lse != nullptr) {
-      p.lse[row0 + row] = head_lse[row];
+    if (part == 0) {
+      const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
+      T* const dst = p.out + (row0 + row) * D + quad * 4;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        dst[c] = from_float<T>(acc[c] * inv * v_static);
+      }
+      if (quad == 0 && p.lse != nullptr) {
+        p.lse[row0 + row] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
+      }
     }
   }
 }
