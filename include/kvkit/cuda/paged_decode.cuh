@@ -464,8 +464,12 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
   constexpr int stages = sl::stages;
   constexpr int ksteps = D / 16;
   constexpr float log2e = 1.4426950408889634F;
-  extern __shared__ uint4 smem_raw[];
-  __shared__ int last_block;
+  // The stages start on a 128-byte boundary. A 16-byte static flag once sat before them, which
+  // put every stage 16 bytes off that boundary, and the copies into them lost 12-15% of the
+  // bandwidth (H200, bf16: B=64, L=8192 567 us, 485 us with the same flag and the stages aligned;
+  // B=128, L=32768 4.38 ms against 3.76). So the kernel has no static shared memory, and the
+  // alignment is stated as well.
+  extern __shared__ __align__(128) uint4 smem_raw[];
 
   const int split = static_cast<int>(blockIdx.x);
   const int h = static_cast<int>(blockIdx.y);
@@ -897,6 +901,8 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
   // Split path: the last block of this (sequence, KV head) to finish merges every split.
   __threadfence();
   __syncthreads();
+  // The arrival flag reuses the start of the merge area: every read of it ended at the barrier.
+  int& last_block = *reinterpret_cast<int*>(smem_raw);
   if (threadIdx.x == 0) {
     std::uint32_t* const counter =
         p.counters + static_cast<std::int64_t>(b) * layout.num_kv_heads() + h;
