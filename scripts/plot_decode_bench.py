@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots the paged_decode benchmark (Google Benchmark JSON from bench/cuda): effective TB/s per
-shape for each codec beside PyTorch SDPA on contiguous KV from the same run, and each quantized
-codec's time over bf16's at the same shape.
+shape for each codec beside PyTorch SDPA on contiguous KV (the times the benchmark read from
+KVKIT_SDPA_CSV), and each quantized codec's time over bf16's at the same shape.
 
     scripts/plot_decode_bench.py OUT.png RUN.json [GROUP]      (GROUP: 4 or 8, default 8)
 """
@@ -39,7 +39,7 @@ def main() -> int:
         ax.plot(x, [by_shape.get(s, {}).get("TB/s", float("nan")) for s in shapes], "o-",
                 color=colors.get(codec), label=f"kvkit {codec}")
     sdpa = [rows["bf16"][s].get("sdpa_TB/s", float("nan")) for s in shapes]
-    ax.plot(x, sdpa, "k--", label="PyTorch SDPA, contiguous bf16 (same run)")
+    ax.plot(x, sdpa, "k--", label="PyTorch SDPA, contiguous bf16")
     memcpy = rows["bf16"][shapes[0]]["memcpy_TB/s"]
     ax.axhline(memcpy, color="grey", linestyle=":", label=f"device memcpy ({memcpy:.2f} TB/s)")
     ax.axhline(4.5, color="red", linestyle="-.", linewidth=0.8, label="target, B*L >= 256k")
