@@ -901,7 +901,8 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
   // Split path: the last block of this (sequence, KV head) to finish merges every split.
   __threadfence();
   __syncthreads();
-  // The arrival flag reuses the start of the merge area: every read of it ended at the barrier.
+  // The arrival flag reuses the first word of the merge area, whose last read came before the
+  // barrier above.
   int& last_block = *reinterpret_cast<int*>(smem_raw);
   if (threadIdx.x == 0) {
     std::uint32_t* const counter =
