@@ -37,11 +37,11 @@ __device__ inline float min_nan(float a, float b) {
 //! whose values are all finite and inside fp16's range), bit for bit, in about half the
 //! instructions: no clamps, no NaN handling, no saturation (the scale stays below 8736).
 __device__ inline kvkit::detail::scale_zero int4_params_in_range(float lo, float hi) {
-  std::uint16_t bits;
   // lo + 0 turns -0 into +0 and changes nothing else; the zero point rounds down.
-  asm("cvt.rm.f16.f32 %0, %1;" : "=h"(bits) : "f"(__fadd_rn(lo, 0.0F)));
-  const float zero = __half2float(__ushort_as_half(bits));
+  const float zero = __half2float(__ushort_as_half(float_to_fp16_bits_down(__fadd_rn(lo, 0.0F))));
   const float top = hi > zero ? hi : zero;
+  // float_to_fp16_bits without its NaN canonicalization: the step is finite.
+  std::uint16_t bits;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(kvkit::detail::div15(__fsub_rn(top, zero))));
   if (kvkit::detail::exact_sum_below(__fmul_rn(__half2float(__ushort_as_half(bits)), 15.0F), zero,
                                      top)) {
