@@ -557,11 +557,6 @@ template <class T>
 using quad_raw = std::conditional_t<std::is_same_v<T, float>, float4, uint2>;
 
 template <class T>
-__device__ inline quad_raw<T> load_quad(const T* src) {
-  return *reinterpret_cast<const quad_raw<T>*>(src);
-}
-
-template <class T>
 __device__ inline void widen_quad(const quad_raw<T>& r, float (&x)[4]) {
   if constexpr (std::is_same_v<T, float>) {
     x[0] = r.x;
@@ -686,7 +681,7 @@ __global__ void __maxnreg__(72)
       kvkit::detail::finite_range f[4];
       for (std::int32_t t = 0; t < tokens; ++t) {
         float x[4];
-        widen_quad<T>(load_quad(in + t * row), x);
+        widen_quad<T>(load(t), x);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           f[j].add(x[j]);
