@@ -249,6 +249,9 @@ std::vector<std::string> decode_validation_failures() {
   bad_plan.shape.head_dim = 96;
   check("head dim 96", good, bad_plan, fake, ws, false);
   bad_plan = plan;
+  bad_plan.shape.kv_bits = 8; // a plan for an 8-bit cache, the layout's is bf16
+  check("kv_bits of another cache", good, bad_plan, fake, ws, false);
+  bad_plan = plan;
   bad_plan.max_splits = kvkit::decode_plan::max_splits_limit + 1;
   check("more splits than the merge holds", good, bad_plan, fake, ws, false);
   bad_plan = plan;

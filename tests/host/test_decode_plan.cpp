@@ -42,6 +42,37 @@ TEST_CASE("plan_decode splits long sequences to fill the GPU, within its limits"
   CHECK(static_cast<std::int64_t>(windowed->max_splits) * windowed->chunk_tokens < 256 + 2 * 128);
 }
 
+TEST_CASE("plan_decode splits a quantized cache for four resident blocks per multiprocessor",
+          "[attention][plan]") {
+  CHECK(kvkit::decode_blocks_per_sm(16, 128, 8) == 2);
+  CHECK(kvkit::decode_blocks_per_sm(8, 128, 8) == 4);
+  CHECK(kvkit::decode_blocks_per_sm(4, 64, 1) == 4);
+  CHECK(kvkit::decode_blocks_per_sm(8, 256, 8) == 2);
+  CHECK(kvkit::decode_blocks_per_sm(4, 128, 16) == 2);
+  const std::vector<std::int32_t> lens(8, 8192);
+  const auto wide = kvkit::plan_decode({8, 32, 8, 128, 0, 16}, lens, 132);
+  const auto narrow = kvkit::plan_decode({8, 32, 8, 128, 0, 8}, lens, 132);
+  REQUIRE(wide.ok());
+  REQUIRE(narrow.ok());
+  CHECK(static_cast<std::int64_t>(wide->max_splits) * 8 * 8 <= 2 * 132);
+  CHECK(static_cast<std::int64_t>(narrow->max_splits) * 8 * 8 <= 4 * 132);
+  CHECK(narrow->max_splits > wide->max_splits);
+  // Not below 16 tiles a block for the extra blocks: one sequence is split as for bf16.
+  const std::vector<std::int32_t> one(1, 8192);
+  const auto one_wide = kvkit::plan_decode({1, 32, 8, 128, 0, 16}, one, 132);
+  const auto one_narrow = kvkit::plan_decode({1, 32, 8, 128, 0, 8}, one, 132);
+  REQUIRE(one_wide.ok());
+  REQUIRE(one_narrow.ok());
+  CHECK(one_narrow->max_splits == one_wide->max_splits);
+  CHECK(narrow->chunk_tokens >= 16 * decode_plan::tile_tokens);
+  // Where four blocks do not fit (groups above 8), a quantized cache is planned like bf16.
+  const auto big_group = kvkit::plan_decode({8, 128, 8, 128, 0, 4}, lens, 132);
+  const auto big_group_wide = kvkit::plan_decode({8, 128, 8, 128, 0, 16}, lens, 132);
+  REQUIRE(big_group.ok());
+  REQUIRE(big_group_wide.ok());
+  CHECK(big_group->max_splits == big_group_wide->max_splits);
+}
+
 TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {
   const std::vector<std::int32_t> lens{1, 2};
   CHECK(kvkit::plan_decode({2, 8, 2, 128, 0}, lens, 132).ok());
@@ -50,6 +81,8 @@ TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {
   CHECK(kvkit::plan_decode({2, 34, 2, 128, 0}, lens, 132).error() == kvkit::errc::bad_argument);
   CHECK(kvkit::plan_decode({3, 8, 2, 128, 0}, lens, 132).error() == kvkit::errc::bad_argument);
   CHECK(kvkit::plan_decode({2, 8, 2, 128, -1}, lens, 132).error() == kvkit::errc::bad_argument);
+  CHECK(kvkit::plan_decode({2, 8, 2, 128, 0, 6}, lens, 132).error() == kvkit::errc::bad_argument);
+  CHECK(kvkit::plan_decode({2, 8, 2, 128, 0, 32}, lens, 132).error() == kvkit::errc::bad_argument);
   CHECK(kvkit::plan_decode({2, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 0}, 132).error() ==
         kvkit::errc::bad_argument);
   CHECK(kvkit::plan_decode({2, 8, 2, 128, 0}, lens, 0).error() == kvkit::errc::bad_argument);

@@ -57,6 +57,11 @@ struct decode_args {
   std::int32_t* page_check = nullptr;
 };
 
+//! decode_shape::kv_bits of a cache of this layout: the narrower of its K and V codecs' bits.
+template <class Layout>
+inline constexpr std::int32_t decode_kv_bits =
+    Layout::k_codec::bits < Layout::v_codec::bits ? Layout::k_codec::bits : Layout::v_codec::bits;
+
 namespace detail {
 
 template <class C>
@@ -66,12 +71,13 @@ inline constexpr bool decode_codec =
 
 } // namespace detail
 
-//! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim), the
-//! codecs are per-token ones (a per-page-channel codec is rejected), the page table's page size
-//! is the layout's, the batch fits the plan (equals it unless the plan is graph-safe), the pointers
-//! are set (fp8 scales included, finite and positive), options are in range, and the workspace
-//! holds plan.workspace_bytes() 16-byte-aligned bytes. The sequences' lengths are not checked on
-//! the host: every sequence must hold at least one token (the reference rejects empty ones).
+//! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim,
+//! kv_bits: decode_kv_bits<Layout>), the codecs are per-token ones (a per-page-channel codec is
+//! rejected), the page table's page size is the layout's, the batch fits the plan (equals it unless
+//! the plan is graph-safe), the pointers are set (fp8 scales included, finite and positive),
+//! options are in range, and the workspace holds plan.workspace_bytes() 16-byte-aligned bytes. The
+//! sequences' lengths are not checked on the host: every sequence must hold at least one token (the
+//! reference rejects empty ones).
 template <class Layout, query_element T>
 [[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
                               const void* workspace, std::size_t workspace_bytes) {
@@ -80,7 +86,7 @@ template <class Layout, query_element T>
   const decode_shape& s = plan.shape;
   if (!s.validate().ok() || !a.layout.validate().ok() ||
       a.layout.num_kv_heads() != s.num_kv_heads || a.layout.head_dim() != s.head_dim ||
-      !detail::decode_codec<K> || !detail::decode_codec<V> ||
+      s.kv_bits != decode_kv_bits<Layout> || !detail::decode_codec<K> || !detail::decode_codec<V> ||
       a.table.page_size != a.layout.page_size() || a.table.batch_size < 0 ||
       a.table.batch_size > s.batch_size ||
       (!plan.graph_safe && a.table.batch_size != s.batch_size)) {
@@ -317,7 +323,14 @@ struct frag {
   // Parameter words a thread reads per K key: int8 its scale; int4 one per item (an item never
   // spans two groups: it holds at most 32 channels).
   static constexpr int k_param_words = per_token ? 1 : (grouped ? k_items : 0);
-  static constexpr int v_param_words = (per_token || grouped) ? 1 : 0;
+  // Bytes of one key's parameters of one head, contiguous in the page: int8 one scale, int4 a
+  // (scale, zero) pair per group.
+  static constexpr int param_row = per_token ? 4 : (grouped ? D / C::group_size * 4 : 0);
+  // Group of K item `w` of thread i, and of thread g's V channels.
+  static constexpr int k_group(int w, int i) {
+    return grouped ? (4 * w + i) * k_item_channels / C::group_size : 0;
+  }
+  static constexpr int v_group(int g) { return grouped ? g * v_item_channels / C::group_size : 0; }
 
   static constexpr int k_channel(int p, int half) {
     return bits == 4 ? 8 * (p / 4) + p % 4 + 4 * half : 2 * p + half;
@@ -402,7 +415,7 @@ struct frag {
 // Bytes per warp of one pipeline stage, and the layout of a stage: each section holds items of
 // one size, lane-interleaved ([item][lane][bytes]) so that a warp's shared-memory reads are
 // conflict-free.
-template <class K, class V, int D>
+template <class K, class V, int D, int NT>
 struct stage_layout {
   using kf = frag<K, D>;
   using vf = frag<V, D>;
@@ -410,8 +423,6 @@ struct stage_layout {
   static constexpr int k_items = kf::k_items; // per key
   static constexpr int v_item = vf::v_item;
   static constexpr int v_items = vf::v_items;
-  // V parameter keys: int8 scales follow the P rows (keys g, g+8); int4 groups the V keys.
-  static constexpr int v_param_keys = vf::per_token ? 2 : 4;
 
   // Data: the tile's 16 K rows, then its 16 V rows (one head's channels of a key, row_bytes
   // each), 16-byte chunks XOR-swizzled per key so that the fragment reads are conflict-free.
@@ -427,16 +438,23 @@ struct stage_layout {
     return key * Row + (((offset / 16) ^ (swizzle(key) & (Chunks - 1))) * 16) + offset % 16;
   }
 
+  // Then the tile's K parameter rows and its V parameter rows, [key][param_row] each, copied
+  // whole per key.
   static constexpr int k_off = 0;
-  static constexpr int v_off = k_off + 2 * k_items * 32 * k_item;
-  static constexpr int kp_off = v_off + 4 * v_items * 32 * v_item;
-  static constexpr int vp_off = kp_off + 2 * kf::k_param_words * 32 * 4;
-  static constexpr int bytes = (vp_off + v_param_keys * vf::v_param_words * 32 * 4 + 15) / 16 * 16;
-  // Pipeline bytes per warp: 24 KB (two 4-warp blocks per SM), or 16 KB when K or V is int4,
-  // whose tiles are bound by instruction latency: 160 registers allow a third block per SM, and
-  // its warps gain more than deeper stages (measured on the H200: int4 B=128, L=32768 2.85 ms to
-  // 2.52). fp8 kept 24 KB: a third block made B=64 run 1.29 waves instead of 1.94 and 20% slower.
-  static constexpr int budget = kf::bits == 4 || vf::bits == 4 ? 16384 : 24576;
+  static constexpr int v_off = k_off + 16 * k_row;
+  static constexpr int kp_off = v_off + 16 * v_row;
+  static constexpr int vp_off = kp_off + 16 * kf::param_row;
+  static constexpr int bytes = (vp_off + 16 * vf::param_row + 15) / 16 * 16;
+  // Resident blocks per SM (decode_blocks_per_sm, which the plan also uses) and pipeline bytes
+  // per warp. Four blocks for a quantized cache (head dim up to 128, groups up to 8): 228 KB of
+  // shared memory per SM, 1 KB of it reserved per block, leaves 14 KB a warp, three fp8 or int8
+  // stages or five int4 ones; the kernel is then held to 128 registers. Otherwise two blocks with
+  // 24 KB a warp, or 16 KB when K or V is int4: a third block fits where registers allow, and its
+  // warps gain more than deeper stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52).
+  static constexpr int blocks_per_sm =
+      decode_blocks_per_sm(kf::bits < vf::bits ? kf::bits : vf::bits, D, NT == 1 ? 8 : 16);
+  static constexpr int budget =
+      blocks_per_sm == 4 ? 14336 : (kf::bits == 4 || vf::bits == 4 ? 16384 : 24576);
   static constexpr int stages =
       (budget / bytes) < 2 ? 2 : ((budget / bytes) > 8 ? 8 : budget / bytes);
 };
@@ -445,20 +463,22 @@ inline constexpr int decode_warps = 4;
 
 template <class K, class V, int D, int NT>
 constexpr int decode_smem_bytes() {
-  using sl = stage_layout<K, V, D>;
+  using sl = stage_layout<K, V, D, NT>;
   constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
   constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4;
   return pipeline > merge ? pipeline : merge;
 }
 
 template <class Layout, class T, int D, int NT>
-__global__ void __launch_bounds__(decode_warps * 32, 2)
+__global__ void __launch_bounds__(
+    decode_warps * 32,
+    (stage_layout<typename Layout::k_codec, typename Layout::v_codec, D, NT>::blocks_per_sm))
     paged_decode_kernel(const decode_params<Layout, T> p) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   using kf = frag<K, D>;
   using vf = frag<V, D>;
-  using sl = stage_layout<K, V, D>;
+  using sl = stage_layout<K, V, D, NT>;
   using kmma = typename kf::mma_t;
   using vmma = typename vf::mma_t;
   constexpr int stages = sl::stages;
@@ -582,51 +602,41 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
          loc.k_row, sl::k_off);
     rows(std::integral_constant<int, sl::v_chunks>{}, std::integral_constant<int, sl::v_row>{},
          loc.v_row, sl::v_off);
-    // Scales and zero points: each thread copies the ones it uses.
-    // The page (never null: page 0 stands in for a key outside the range) and slot of `key`.
-    const auto page_of = [&](int key, std::int32_t& sp, bool& valid) {
-      const std::int32_t pg = __shfl_sync(0xFFFFFFFFU, page, key);
-      sp = __shfl_sync(0xFFFFFFFFU, slot, key);
-      valid = pg >= 0;
-      return p.cache + static_cast<std::int64_t>(valid ? pg : 0) * p.page_bytes;
+    // Scales and zero points: lane l < 16 copies the K parameter row of key l, lane 16 + l the V
+    // row, in copies of up to 16 bytes (a row is 4 to 32 bytes and aligned to its size up to 16).
+    // Each lane's own key, so no shuffle; a key outside the range gets zeros.
+    const auto params = [&](auto row_c, int dst, std::int64_t src_off) {
+      constexpr int row = decltype(row_c)::value;
+      constexpr int piece = row < 16 ? row : 16;
+      const bool valid = page >= 0;
+      const std::byte* const src =
+          valid ? p.cache + static_cast<std::int64_t>(page) * p.page_bytes + src_off : p.cache;
+#pragma unroll
+      for (int n = 0; n < row / piece; ++n) {
+        cp_async<piece>(base + dst + n * piece, src + (valid ? n * piece : 0), valid);
+      }
     };
-#pragma unroll
-    for (int tk = 0; tk < ((kf::per_token || kf::grouped || vf::per_token) ? 2 : 0); ++tk) {
-      std::int32_t sp = 0;
-      bool valid = false;
-      const std::byte* const pb = page_of(g + 8 * tk, sp, valid);
-      if constexpr (kf::per_token) {
-        const std::byte* const ps = pb + layout.k_param_offset() +
-                                    layout.template param_index<K>(sp, h, 0) * K::param_bytes;
-        cp_async<4>(base + sl::kp_off + (tk * 32 + lane) * 4, ps, valid);
-      } else if constexpr (kf::grouped) {
-#pragma unroll
-        for (int w = 0; w < kf::k_param_words; ++w) {
-          const std::byte* const ps =
-              pb + layout.k_param_offset() +
-              layout.template param_index<K>(sp, h, (4 * w + i) * kf::k_item_channels) *
-                  K::param_bytes;
-          cp_async<4>(base + sl::kp_off + ((tk * kf::k_param_words + w) * 32 + lane) * 4, ps,
-                      valid);
+    if constexpr (std::is_same_v<K, V> && kf::param_row > 0) {
+      // One codec: the V rows follow the K rows in the stage, and one copy serves both halves of
+      // the warp.
+      params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
+             (lane < 16 ? layout.k_param_offset() : layout.v_param_offset()) +
+                 layout.template param_index<K>(slot, h, 0) * K::param_bytes);
+    } else {
+      if constexpr (kf::param_row > 0) {
+        if (lane < 16) {
+          params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
+                 layout.k_param_offset() +
+                     layout.template param_index<K>(slot, h, 0) * K::param_bytes);
         }
       }
-      if constexpr (vf::per_token) {
-        const std::byte* const ps = pb + layout.v_param_offset() +
-                                    layout.template param_index<V>(sp, h, 0) * V::param_bytes;
-        cp_async<4>(base + sl::vp_off + (tk * 32 + lane) * 4, ps, valid);
-      }
-    }
-#pragma unroll
-    for (int tv = 0; tv < (vf::grouped ? 4 : 0); ++tv) {
-      std::int32_t sp = 0;
-      bool valid = false;
-      const std::byte* const pb = page_of(2 * i + (tv & 1) + 8 * (tv >> 1), sp, valid);
-      if constexpr (vf::grouped) {
-        static_assert(vf::v_items == 1, "an int4 V thread's channels lie in one item");
-        const std::byte* const ps =
-            pb + layout.v_param_offset() +
-            layout.template param_index<V>(sp, h, g * vf::v_item_channels) * V::param_bytes;
-        cp_async<4>(base + sl::vp_off + (tv * 32 + lane) * 4, ps, valid);
+      if constexpr (vf::param_row > 0) {
+        if (lane >= 16) {
+          params(std::integral_constant<int, vf::param_row>{},
+                 sl::vp_off + (lane - 16) * vf::param_row,
+                 layout.v_param_offset() +
+                     layout.template param_index<V>(slot, h, 0) * V::param_bytes);
+        }
       }
     }
   };
@@ -694,7 +704,7 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
       }
 #pragma unroll
       for (int w = 0; w < kf::k_param_words; ++w) {
-        lds<4>(st + sl::kp_off + ((tk * kf::k_param_words + w) * 32 + lane) * 4, &kp[tk][w]);
+        lds<4>(st + sl::kp_off + (g + 8 * tk) * kf::param_row + kf::k_group(w, i) * 4, &kp[tk][w]);
       }
     }
 #pragma unroll
@@ -708,9 +718,12 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
       }
       vp[tv] = 0;
     }
+    // int8: the scales of keys g and g+8 (the P rows); int4: the groups of this thread's channels
+    // in the four keys of its V operands.
 #pragma unroll
-    for (int w = 0; w < sl::v_param_keys * vf::v_param_words; ++w) {
-      lds<4>(st + sl::vp_off + (w * 32 + lane) * 4, &vp[w]);
+    for (int w = 0; w < (vf::per_token ? 2 : (vf::grouped ? 4 : 0)); ++w) {
+      const int key = vf::per_token ? g + 8 * w : 2 * i + (w & 1) + 8 * (w >> 1);
+      lds<4>(st + sl::vp_off + key * vf::param_row + vf::v_group(g) * 4, &vp[w]);
     }
 
     // The tile after the ones in flight goes out before this one's arithmetic.
@@ -935,6 +948,20 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
     float mx = -INFINITY;
     float sum = 0.0F;
     float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+    // Folds a partial state (log2-sum-exp base o_mx, sum o_sum, outputs o) into this thread's.
+    const auto fold = [&](float o_mx, float o_sum, const float(&o)[4]) {
+      const float m_new = fmaxf(mx, o_mx);
+      if (m_new != -INFINITY) {
+        const float a = fast_exp2(mx - m_new);
+        const float w = fast_exp2(o_mx - m_new);
+        sum = sum * a + o_sum * w;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          acc[c] = acc[c] * a + o[c] * w;
+        }
+        mx = m_new;
+      }
+    };
     constexpr int batch = 8;
     for (std::int32_t sp0 = part; sp0 < nsplit; sp0 += batch * parts) {
       float ls[batch];
@@ -949,17 +976,9 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
       }
 #pragma unroll
       for (int u = 0; u < batch; ++u) {
-        const float m_new = fmaxf(mx, ls[u]);
-        if (m_new != -INFINITY) {
-          const float corr = fast_exp2(mx - m_new);
-          const float w = fast_exp2(ls[u] - m_new);
-          sum = sum * corr + w;
-          acc[0] = acc[0] * corr + w * v[u].x;
-          acc[1] = acc[1] * corr + w * v[u].y;
-          acc[2] = acc[2] * corr + w * v[u].z;
-          acc[3] = acc[3] * corr + w * v[u].w;
-          mx = m_new;
-        }
+        // A split's partial output is normalized: its state is (lse, 1, output).
+        const float o[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        fold(ls[u], 1.0F, o);
       }
     }
     // The lanes of one element: `parts` adjacent lanes, all present in every iteration together.
@@ -973,17 +992,7 @@ __global__ void __launch_bounds__(decode_warps * 32, 2)
       for (int c = 0; c < 4; ++c) {
         o_acc[c] = __shfl_xor_sync(group_mask, acc[c], d);
       }
-      const float m_new = fmaxf(mx, o_mx);
-      if (m_new != -INFINITY) {
-        const float a = fast_exp2(mx - m_new);
-        const float b2 = fast_exp2(o_mx - m_new);
-        sum = sum * a + o_sum * b2;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          acc[c] = acc[c] * a + o_acc[c] * b2;
-        }
-        mx = m_new;
-      }
+      fold(o_mx, o_sum, o_acc);
     }
     if (part == 0) {
       const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
