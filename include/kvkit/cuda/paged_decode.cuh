@@ -257,9 +257,25 @@ __device__ inline std::uint32_t fp8_pair_to_f16x2(std::uint32_t x) {
   if constexpr (F == fp8_format::e5m2) {
     return prmt(x, 0U, Hi == 0 ? 0x1404U : 0x3424U); // e5m2 is the top byte of an fp16
   } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // The pair's 16 bits taken as a half of x, which the conversion instruction selects itself
+    // (extracting them first costs a shift per pair).
+    std::uint32_t r;
+    if constexpr (Hi == 0) {
+      asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n"
+          : "=r"(r)
+          : "r"(x));
+    } else {
+      asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n"
+          : "=r"(r)
+          : "r"(x));
+    }
+    return r;
+#else
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
         static_cast<__nv_fp8x2_storage_t>(Hi == 0 ? (x & 0xFFFFU) : (x >> 16)), __NV_E4M3);
     return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
+#endif
   }
 }
 
@@ -270,15 +286,19 @@ __device__ inline std::uint32_t int8_pair_to_f16x2(std::uint32_t biased) {
   return hsub2(prmt(biased, 0x64646464U, Hi == 0 ? 0x4140U : 0x4342U), f16_1152);
 }
 
-// int4 codes to values in two instructions a pair: nibble Shift/4 of each 16-bit half of x is put
-// in the top mantissa bits of 1.0 (giving 1 + c/16), then one fma with (16 scale, zero - 16 scale)
-// gives c * scale + zero. Offsetting by 16 scales (not 1024 as the usual 0x6400 trick) keeps the
-// rounding of the adjusted zero point to 1/128 of a step.
+// int4 codes to values in three instructions a pair: a shift and a lop3 put nibble Shift/4 of each
+// 16-bit half of x in the top mantissa bits of 1.0 (giving 1 + c/16), then one fma with
+// (16 scale, zero - 16 scale) gives c * scale + zero. Offsetting by 16 scales (not 1024 as the
+// usual 0x6400 trick) keeps the rounding of the adjusted zero point to 1/128 of a step.
 template <int Shift>
 __device__ inline std::uint32_t int4_pair_biased(std::uint32_t x) {
   constexpr int up = 6 - Shift; // nibble bits to bits 6..9 of each half
   const std::uint32_t y = up >= 0 ? (x << (up >= 0 ? up : 0)) : (x >> (up < 0 ? -up : 0));
-  return (y & 0x03C003C0U) | 0x3C003C00U;
+  // (y & mask) | one as one instruction: with both constants as immediates the compiler splits
+  // it in two (an instruction takes one immediate), so they are passed in registers.
+  std::uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(y), "r"(0x03C003C0U), "r"(0x3C003C00U));
+  return r;
 }
 // (16 scale, zero - 16 scale) pairs from (scale, zero) pairs.
 __device__ inline void int4_params(std::uint32_t s2, std::uint32_t z2, std::uint32_t& s16,
@@ -549,7 +569,7 @@ __global__ void __launch_bounds__(
     std::int32_t page = -1; // -1: outside the range (or a bad page in debug mode)
     std::int32_t slot = 0;
     const std::byte* k_row = nullptr; // the key's K and V rows of head h; null when outside
-    const std::byte* v_row = nullptr;
+    const std::byte* v_row = nullptr; // (set only when K and V codes differ in width)
   };
   const auto locate = [&](std::int32_t t, key_loc& loc) {
     const std::int32_t tok = c0 + (warp + decode_warps * t) * 16 + (lane & 15);
@@ -572,18 +592,25 @@ __global__ void __launch_bounds__(
       if (page >= 0) {
         const std::byte* const pb = p.cache + static_cast<std::int64_t>(page) * p.page_bytes;
         loc.k_row = pb + layout.k_data_offset() + layout.element_index(slot, h, 0) * kf::bits / 8;
-        loc.v_row = pb + layout.v_data_offset() + layout.element_index(slot, h, 0) * vf::bits / 8;
+        if constexpr (kf::bits != vf::bits) {
+          loc.v_row = pb + layout.v_data_offset() + layout.element_index(slot, h, 0) * vf::bits / 8;
+        }
       }
     }
   };
 
+  const std::int64_t kv_gap = layout.v_data_offset() - layout.k_data_offset();
   // Copies of the warp's tile (located by `page`/`slot` of lanes 0..15) into stage `st`.
   const auto issue = [&](int st, const key_loc& loc) {
     const std::int32_t page = loc.page;
     const std::int32_t slot = loc.slot;
     char* const base = warp_smem + st * sl::bytes;
     // Rows: lane l copies chunks l, l + 32, ... of the tile's rows (whole rows per instruction).
-    const auto rows = [&](auto chunks_c, auto row_c, const std::byte* my_row, int off) {
+    // With `both`, K and V rows have the same size and lie kv_gap bytes apart, so one shuffle of
+    // a key's row serves both copies. A key outside the range reads nothing (from the cache's
+    // start).
+    const auto rows = [&](auto chunks_c, auto row_c, auto both_c, const std::byte* my_row,
+                          int off) {
       constexpr int chunks = decltype(chunks_c)::value;
       constexpr int row = decltype(row_c)::value;
       const int first_key = lane / chunks; // chunks divides 32: rows are at most 512 bytes
@@ -594,14 +621,23 @@ __global__ void __launch_bounds__(
         const auto r = reinterpret_cast<const std::byte*>(
             __shfl_sync(0xFFFFFFFFU, reinterpret_cast<unsigned long long>(my_row), key));
         const bool valid = r != nullptr;
-        cp_async<16>(base + off + sl::template at<chunks, row>(key, chunk * 16),
-                     valid ? r + chunk * 16 : p.cache, valid);
+        const std::byte* const src = (valid ? r : p.cache) + chunk * 16;
+        cp_async<16>(base + off + sl::template at<chunks, row>(key, chunk * 16), src, valid);
+        if constexpr (decltype(both_c)::value) {
+          cp_async<16>(base + sl::v_off + sl::template at<chunks, row>(key, chunk * 16),
+                       src + kv_gap, valid);
+        }
       }
     };
-    rows(std::integral_constant<int, sl::k_chunks>{}, std::integral_constant<int, sl::k_row>{},
-         loc.k_row, sl::k_off);
-    rows(std::integral_constant<int, sl::v_chunks>{}, std::integral_constant<int, sl::v_row>{},
-         loc.v_row, sl::v_off);
+    if constexpr (kf::bits == vf::bits) {
+      rows(std::integral_constant<int, sl::k_chunks>{}, std::integral_constant<int, sl::k_row>{},
+           std::true_type{}, loc.k_row, sl::k_off);
+    } else {
+      rows(std::integral_constant<int, sl::k_chunks>{}, std::integral_constant<int, sl::k_row>{},
+           std::false_type{}, loc.k_row, sl::k_off);
+      rows(std::integral_constant<int, sl::v_chunks>{}, std::integral_constant<int, sl::v_row>{},
+           std::false_type{}, loc.v_row, sl::v_off);
+    }
     // Scales and zero points: lane l < 16 copies the K parameter row of key l, lane 16 + l the V
     // row, in copies of up to 16 bytes (a row is 4 to 32 bytes and aligned to its size up to 16).
     // Each lane's own key, so no shuffle; a key outside the range gets zeros.
