@@ -347,6 +347,9 @@ struct frag {
   // Bytes of one key's parameters of one head, contiguous in the page: int8 one scale, int4 a
   // (scale, zero) pair per group.
   static constexpr int param_row = per_token ? 4 : (grouped ? D / C::group_size * 4 : 0);
+  static_assert(!grouped || (k_item_channels <= C::group_size && v_items == 1 &&
+                             v_item_channels <= C::group_size),
+                "a thread's K item, and its V channels, lie in one parameter group");
   // Group of K item `w` of thread i, and of thread g's V channels.
   static constexpr int k_group(int w, int i) {
     return grouped ? (4 * w + i) * k_item_channels / C::group_size : 0;
