@@ -121,7 +121,7 @@ int main() {
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const kvkit::decode_shape shape{
       static_cast<std::int32_t>(batch.size()), q_heads, kv_heads, dim, 0,
-      kvkit::cuda::decode_kv_bits<layout_t>};
+      kvkit::decode_kv_bits<layout_t>};
   const auto plan = kvkit::plan_decode(shape, lens, sms);
   if (!plan.ok()) {
     return 1;

@@ -133,7 +133,7 @@ public:
         bytes += static_cast<double>(lens_[i]) * m_.kv_heads * m_.head_dim * 2 * 2;
       }
       const auto plan = kvkit::plan_decode(
-          {batch, qh, m_.kv_heads, m_.head_dim, 0, kvkit::cuda::decode_kv_bits<layout_t>}, lens_,
+          {batch, qh, m_.kv_heads, m_.head_dim, 0, kvkit::decode_kv_bits<layout_t>}, lens_,
           sm_count_);
       if (!plan.ok()) {
         fail("decode plan rejected");

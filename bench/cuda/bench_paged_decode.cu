@@ -207,7 +207,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
   const kvkit::decode_plan plan = *kvkit::plan_decode(
-      {batch, q_heads, kv_heads, head_dim, 0, kvkit::cuda::decode_kv_bits<Layout>}, lens, sms);
+      {batch, q_heads, kv_heads, head_dim, 0, kvkit::decode_kv_bits<Layout>}, lens, sms);
   std::byte* ws = nullptr;
   cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 16));
 

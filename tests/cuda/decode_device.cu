@@ -284,12 +284,6 @@ std::vector<std::string> decode_validation_failures() {
   return failed;
 }
 
-// The plan's kv_bits of a layout: the narrower of its codecs.
-static_assert(kvkit::cuda::decode_kv_bits<kvkit::paged_layout<kvkit::bf16_codec>> == 16);
-static_assert(kvkit::cuda::decode_kv_bits<kvkit::paged_layout<kvkit::fp8_e4m3_codec>> == 8);
-static_assert(kvkit::cuda::decode_kv_bits<
-                  kvkit::paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<32>>> == 4);
-
 // The variants the tests run (each instantiation compiles the kernels of one head dim).
 #define KVKIT_DECODE_CASE(D, L, T)                                                                 \
   template decode_outcome run_decode<D, L, T>(                                                     \

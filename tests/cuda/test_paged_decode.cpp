@@ -172,12 +172,9 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
   }
   problem<Layout> pr(layout, pages + 7, seed);
   const auto step = pr.template make_step<T>(lens, q_heads);
-  const kvkit::decode_shape shape{static_cast<std::int32_t>(lens.size()),
-                                  q_heads,
-                                  layout.num_kv_heads(),
-                                  D,
-                                  options.window,
-                                  std::min(Layout::k_codec::bits, Layout::v_codec::bits)};
+  const kvkit::decode_shape shape{
+      static_cast<std::int32_t>(lens.size()), q_heads, layout.num_kv_heads(), D, options.window,
+      kvkit::decode_kv_bits<Layout>};
   kvkit_test::decode_mode mode;
   mode.sm_count = sm_count;
   const auto got = kvkit_test::run_decode<D, Layout, T>(layout, pr.cache, pr.capacity, shape,

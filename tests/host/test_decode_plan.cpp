@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include "kvkit/attention/decode_plan.hpp"
+#include "kvkit/layout/page_layout.hpp"
+#include "kvkit/quant/codecs.hpp"
 
 using kvkit::decode_plan;
 using kvkit::decode_shape;
@@ -41,6 +43,13 @@ TEST_CASE("plan_decode splits long sequences to fill the GPU, within its limits"
   REQUIRE(windowed.ok());
   CHECK(static_cast<std::int64_t>(windowed->max_splits) * windowed->chunk_tokens < 256 + 2 * 128);
 }
+
+// The plan's kv_bits of a layout: the narrower of its codecs.
+static_assert(kvkit::decode_kv_bits<kvkit::paged_layout<kvkit::bf16_codec>> == 16);
+static_assert(kvkit::decode_kv_bits<kvkit::paged_layout<kvkit::fp8_e4m3_codec>> == 8);
+static_assert(
+    kvkit::decode_kv_bits<kvkit::paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<32>>> ==
+    4);
 
 TEST_CASE("plan_decode splits a quantized cache for four resident blocks per multiprocessor",
           "[attention][plan]") {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/error.hpp"
 
 namespace kvkit {
@@ -44,6 +45,12 @@ struct decode_shape {
     return {};
   }
 };
+
+//! decode_shape::kv_bits of a cache of this layout: the narrower of its K and V codecs' bits.
+template <class Layout>
+requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec>
+inline constexpr std::int32_t decode_kv_bits =
+    Layout::k_codec::bits < Layout::v_codec::bits ? Layout::k_codec::bits : Layout::v_codec::bits;
 
 //! Thread blocks of the decode kernel resident on one multiprocessor for a cache of `kv_bits`
 //! bits, `head_dim` channels and query groups of `group` heads. Four for a quantized cache with

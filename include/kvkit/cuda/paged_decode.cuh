@@ -57,12 +57,6 @@ struct decode_args {
   std::int32_t* page_check = nullptr;
 };
 
-//! decode_shape::kv_bits of a cache of this layout: the narrower of its K and V codecs' bits.
-template <class Layout>
-requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec>
-inline constexpr std::int32_t decode_kv_bits =
-    Layout::k_codec::bits < Layout::v_codec::bits ? Layout::k_codec::bits : Layout::v_codec::bits;
-
 namespace detail {
 
 template <class C>
