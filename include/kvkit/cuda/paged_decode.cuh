@@ -638,7 +638,8 @@ __global__ void __launch_bounds__(
     }
     // Scales and zero points: lane l < 16 copies the K parameter row of key l, lane 16 + l the V
     // row, in copies of up to 16 bytes (a row is 4 to 32 bytes and aligned to its size up to 16).
-    // Each lane's own key, so no shuffle; a key outside the range gets zeros.
+    // Each lane's own key, so no shuffle; a key outside the range gets zeros (and reads nothing,
+    // from the cache's start).
     const auto params = [&](auto row_c, int dst, std::int64_t src_off) {
       constexpr int row = decltype(row_c)::value;
       constexpr int piece = row < 16 ? row : 16;
@@ -647,7 +648,7 @@ __global__ void __launch_bounds__(
           valid ? p.cache + static_cast<std::int64_t>(page) * p.page_bytes + src_off : p.cache;
 #pragma unroll
       for (int n = 0; n < row / piece; ++n) {
-        cp_async<piece>(base + dst + n * piece, src + (valid ? n * piece : 0), valid);
+        cp_async<piece>(base + dst + n * piece, src + n * piece, valid);
       }
     };
     if constexpr (std::is_same_v<K, V> && kf::param_row > 0) {
