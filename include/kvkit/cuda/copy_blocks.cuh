@@ -41,7 +41,10 @@ struct page_copies {
 
 namespace detail {
 
-// One CTA per (pair, layer): 16-byte loads and stores, several in flight per thread.
+// One CTA per (pair, layer): 16-byte loads and stores, several in flight per thread. A template,
+// so that every translation unit that includes this header may define it (a plain __global__
+// function defined in a header is defined again in each, and the link fails).
+template <int = 0>
 __global__ void copy_pages_kernel(page_copies c) {
   const block_copy pair = c.pairs[blockIdx.x];
   const auto layer = static_cast<std::int32_t>(blockIdx.y);
@@ -76,7 +79,7 @@ inline cudaError_t launch_copies(const page_copies& c, cudaStream_t stream) {
     return cudaSuccess;
   }
   const dim3 grid(static_cast<unsigned>(c.num_pairs), static_cast<unsigned>(c.num_layers));
-  copy_pages_kernel<<<grid, 256, 0, stream>>>(c);
+  copy_pages_kernel<><<<grid, 256, 0, stream>>>(c);
   return cudaGetLastError();
 }
 
