@@ -131,24 +131,26 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
     }
     KVKIT_TRY(cudaMemcpy(d_last, s.last_page_len.data(), batch * 4, cudaMemcpyHostToDevice));
     KVKIT_TRY(cudaMemcpy(d_q, s.q.data(), s.q.size() * 2, cudaMemcpyHostToDevice));
-    KVKIT_TRY(cudaMemset(d_out, 0xFF, elems * sizeof(T))); // NaN in fp16 and bf16
-    KVKIT_TRY(cudaMemset(d_lse, 0xFF, rows * sizeof(float)));
     a.table.batch_size = static_cast<std::int32_t>(batch);
-    if (mode.graph) {
-      if (exec == nullptr) {
-        cudaGraph_t graph = nullptr;
-        KVKIT_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        const cudaError_t launch =
-            kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream);
-        KVKIT_TRY(cudaStreamEndCapture(stream, &graph));
-        KVKIT_TRY(launch);
-        const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-        cudaGraphDestroy(graph);
-        KVKIT_TRY(inst);
+    for (std::int32_t r = 0; r < std::max(mode.repeats, 1); ++r) {
+      KVKIT_TRY(cudaMemsetAsync(d_out, 0xFF, elems * sizeof(T), stream)); // NaN in fp16 and bf16
+      KVKIT_TRY(cudaMemsetAsync(d_lse, 0xFF, rows * sizeof(float), stream));
+      if (mode.graph) {
+        if (exec == nullptr) {
+          cudaGraph_t graph = nullptr;
+          KVKIT_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+          const cudaError_t launch =
+              kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream);
+          KVKIT_TRY(cudaStreamEndCapture(stream, &graph));
+          KVKIT_TRY(launch);
+          const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+          cudaGraphDestroy(graph);
+          KVKIT_TRY(inst);
+        }
+        KVKIT_TRY(cudaGraphLaunch(exec, stream));
+      } else {
+        KVKIT_TRY(kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream));
       }
-      KVKIT_TRY(cudaGraphLaunch(exec, stream));
-    } else {
-      KVKIT_TRY(kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream));
     }
     KVKIT_TRY(cudaStreamSynchronize(stream));
     std::vector<std::uint16_t> o(batch * static_cast<std::size_t>(shape.num_q_heads) * HeadDim);

@@ -25,6 +25,9 @@ struct decode_mode {
   bool graph = false;           // graph-safe plan, captured once, replayed for every step
   std::int32_t max_seq_len = 0; // the graph-safe plan's bound
   bool check_pages = false;     // the debug page-id check
+  // Launches of each step, back to back on one stream with no host synchronization between them
+  // (the outputs poisoned again on the stream before each); the last one's results are returned.
+  std::int32_t repeats = 1;
 };
 
 struct decode_outcome {

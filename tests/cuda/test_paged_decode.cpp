@@ -285,6 +285,9 @@ TEST_CASE("paged_decode: one workspace serves plans of different batches in turn
   }
   kvkit_test::decode_mode mode;
   mode.sm_count = 4096; // many splits, so every step uses the workspace
+  // Back to back, with no host synchronization between launches: each zeroes its arrival
+  // counters on the stream after the launch before it has counted in the same words.
+  mode.repeats = 3;
   const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
       pr.layout, pr.cache, pr.capacity, {6, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
   INFO("seed " << seed << " error " << cudaGetErrorString(got.error));
@@ -308,6 +311,7 @@ TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths chan
   kvkit_test::decode_mode mode;
   mode.graph = true;
   mode.max_seq_len = 1024;
+  mode.repeats = 2; // the graph replayed back to back
   const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
       layout, pr.cache, pr.capacity, shape, steps, pr.scales, {}, mode);
   INFO("seed " << seed << " error " << cudaGetErrorString(got.error));

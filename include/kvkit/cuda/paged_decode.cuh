@@ -483,7 +483,7 @@ template <class K, class V, int D, int NT>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT>;
   constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
-  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4;
+  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4 + NT * 8 * (decode_warps + 1) * 4;
   return pipeline > merge ? pipeline : merge;
 }
 
@@ -905,6 +905,31 @@ __global__ void __launch_bounds__(
     }
   }
   __syncthreads();
+  // Each head's weights of the warps' states, once per head rather than once per channel:
+  // [rows][warp] the warp's share exp2(m - max) / sum, then [rows] the log2-sum-exp.
+  float* const red_w = red_o + decode_warps * rows * D;
+  if (static_cast<int>(threadIdx.x) < rows) {
+    const int row = static_cast<int>(threadIdx.x);
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < decode_warps; ++w) {
+      mx = fmaxf(mx, red_m[w * rows + row]);
+    }
+    float wt[decode_warps];
+    float sum = 0.0F;
+#pragma unroll
+    for (int w = 0; w < decode_warps; ++w) {
+      wt[w] = mx == -INFINITY ? 0.0F : fast_exp2(red_m[w * rows + row] - mx);
+      sum += wt[w] * red_l[w * rows + row];
+    }
+    const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
+#pragma unroll
+    for (int w = 0; w < decode_warps; ++w) {
+      red_w[row * (decode_warps + 1) + w] = wt[w] * inv;
+    }
+    red_w[row * (decode_warps + 1) + decode_warps] = sum > 0.0F ? mx + __log2f(sum) : -INFINITY;
+  }
+  __syncthreads();
 
   const std::int32_t q_head0 = h * p.group;
   const std::int64_t row0 = static_cast<std::int64_t>(b) * p.num_q_heads + q_head0;
@@ -912,23 +937,13 @@ __global__ void __launch_bounds__(
   for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
     const int row = e / D;
     const int ch = e % D;
-    float mx = -INFINITY;
+    const float* const wts = red_w + row * (decode_warps + 1);
+    float val = 0.0F;
 #pragma unroll
     for (int w = 0; w < decode_warps; ++w) {
-      mx = fmaxf(mx, red_m[w * rows + row]);
+      val += wts[w] * red_o[(w * rows + row) * D + ch];
     }
-    float sum = 0.0F;
-    float acc = 0.0F;
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < decode_warps; ++w) {
-        const float wt = fast_exp2(red_m[w * rows + row] - mx);
-        sum += wt * red_l[w * rows + row];
-        acc += wt * red_o[(w * rows + row) * D + ch];
-      }
-    }
-    const float val = sum > 0.0F ? acc / sum : 0.0F;
-    const float lse2 = sum > 0.0F ? mx + __log2f(sum) : -INFINITY;
+    const float lse2 = wts[decode_warps];
     if (nsplit == 1) {
       p.out[(row0 + row) * D + ch] = from_float<T>(val * v_static);
       if (ch == 0 && p.lse != nullptr) {
@@ -963,82 +978,113 @@ __global__ void __launch_bounds__(
     return;
   }
   __threadfence();
-  // Every output element of the group is a log-sum-exp merge of the splits' partial outputs. A
-  // thread takes four channels of one head and a share of the splits, loads their partial log-sum-
-  // exps and outputs eight splits at a time (independent loads, one round trip to L2 a batch), and
-  // folds them in with a running maximum; the threads sharing an element then merge by shuffles.
-  // No shared memory and no block barrier: the chain after the last split arrives is short.
+  // Every output of the group is a log-sum-exp merge of the splits' partials (each normalized:
+  // its state is (lse, 1, output)). Each thread copies the partials of its own outputs into its
+  // own slots of shared memory, as many splits at a time as the shared memory holds, every copy
+  // of a batch in flight at once, so the merge waits for one round trip to L2 a batch however many
+  // splits there are. Meanwhile one warp per head turns the splits' log-sum-exps into weights
+  // exp2(lse - max) there; then each thread sums the weighted partials of its outputs. The first
+  // 128 bytes hold the arrival flag, which other threads may still be reading.
+  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT>();
   constexpr int quads = D / 4;
-  const int outputs = p.group * quads;
-  // Threads per output element (a power of two up to 8, adjacent lanes).
-  const int parts = outputs >= decode_warps * 32       ? 1
-                    : outputs * 2 >= decode_warps * 32 ? 2
-                    : outputs * 4 >= decode_warps * 32 ? 4
-                                                       : 8;
-  const int part = static_cast<int>(threadIdx.x) % parts;
-  for (int e = static_cast<int>(threadIdx.x) / parts; e < outputs; e += decode_warps * 32 / parts) {
-    const int row = e / quads;
-    const int quad = e % quads;
-    const std::int64_t prow0 = (row0 + row) * p.max_splits;
-    float mx = -INFINITY;
-    float sum = 0.0F;
-    float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
-    // Folds a partial state (log2-sum-exp base o_mx, sum o_sum, outputs o) into this thread's.
-    const auto fold = [&](float o_mx, float o_sum, const float(&o)[4]) {
-      const float m_new = fmaxf(mx, o_mx);
-      if (m_new != -INFINITY) {
-        const float a = fast_exp2(mx - m_new);
-        const float w = fast_exp2(o_mx - m_new);
-        sum = sum * a + o_sum * w;
+  constexpr int threads = decode_warps * 32;
+  constexpr int max_outputs = (16 * quads + threads - 1) / threads;
+  static_assert(128 + (16 * decode_plan::max_splits_limit + 16) * 4 + 16 * D * 4 <= smem_bytes,
+                "the split merge needs room for every weight and one split's partials");
+  const int rows_q = p.group * quads; // float4 outputs of the group
+  float* const weights = reinterpret_cast<float*>(reinterpret_cast<char*>(smem_raw) + 128);
+  float* const row_scale = weights + p.group * nsplit; // [group]: v_static / sum of weights
+  const int weight_bytes = ((p.group * nsplit + p.group) * 4 + 15) / 16 * 16;
+  float4* const staged = reinterpret_cast<float4*>(reinterpret_cast<char*>(weights) + weight_bytes);
+  const int batch_splits = (smem_bytes - 128 - weight_bytes) / (p.group * D * 4);
+  // Copies of this thread's partials of splits [s0, s0 + count) to staged[split - s0][output].
+  const auto stage_splits = [&](int s0, int count) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          acc[c] = acc[c] * a + o[c] * w;
+    for (int k = 0; k < max_outputs; ++k) {
+      const int e = static_cast<int>(threadIdx.x) + k * threads;
+      if (e < rows_q) {
+        const int row = e / quads;
+        const float4* src = reinterpret_cast<const float4*>(p.part_o) +
+                            ((row0 + row) * p.max_splits + s0) * quads + (e - row * quads);
+        for (int sp = 0; sp < count; ++sp) {
+          cp_async<16>(staged + sp * rows_q + e, src + sp * quads, true);
         }
-        mx = m_new;
-      }
-    };
-    constexpr int batch = 8;
-    for (std::int32_t sp0 = part; sp0 < nsplit; sp0 += batch * parts) {
-      float ls[batch];
-      float4 v[batch];
-#pragma unroll
-      for (int u = 0; u < batch; ++u) {
-        const std::int32_t sp = sp0 + u * parts;
-        const bool in = sp < nsplit;
-        ls[u] = in ? __ldcg(p.part_lse + prow0 + sp) : -INFINITY;
-        v[u] = in ? __ldcg(reinterpret_cast<const float4*>(p.part_o + (prow0 + sp) * D) + quad)
-                  : make_float4(0.0F, 0.0F, 0.0F, 0.0F);
-      }
-#pragma unroll
-      for (int u = 0; u < batch; ++u) {
-        // A split's partial output is normalized: its state is (lse, 1, output).
-        const float o[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        fold(ls[u], 1.0F, o);
       }
     }
-    // The lanes of one element: `parts` adjacent lanes, all present in every iteration together.
-    const unsigned group_mask =
-        ((1U << parts) - 1U) << (static_cast<unsigned>(lane) & ~static_cast<unsigned>(parts - 1));
-    for (int d = 1; d < parts; d *= 2) {
-      const float o_mx = __shfl_xor_sync(group_mask, mx, d);
-      const float o_sum = __shfl_xor_sync(group_mask, sum, d);
-      float o_acc[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        o_acc[c] = __shfl_xor_sync(group_mask, acc[c], d);
-      }
-      fold(o_mx, o_sum, o_acc);
+    cp_async_commit();
+  };
+  stage_splits(0, nsplit < batch_splits ? nsplit : batch_splits);
+  for (int row = warp; row < p.group; row += decode_warps) {
+    const float* const lse_row = p.part_lse + (row0 + row) * p.max_splits;
+    float* const w_row = weights + row * nsplit;
+    float mx = -INFINITY;
+    for (int sp = lane; sp < nsplit; sp += 32) {
+      const float v = __ldcg(lse_row + sp);
+      w_row[sp] = v;
+      mx = fmaxf(mx, v);
     }
-    if (part == 0) {
-      const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
-      T* const dst = p.out + (row0 + row) * D + quad * 4;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        dst[c] = from_float<T>(acc[c] * inv * v_static);
-      }
-      if (quad == 0 && p.lse != nullptr) {
+    for (int d = 16; d >= 1; d /= 2) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFU, mx, d));
+    }
+    float sum = 0.0F;
+    for (int sp = lane; sp < nsplit; sp += 32) {
+      const float w = mx == -INFINITY ? 0.0F : fast_exp2(w_row[sp] - mx);
+      w_row[sp] = w;
+      sum += w;
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) {
+      sum += __shfl_xor_sync(0xFFFFFFFFU, sum, d);
+    }
+    if (lane == 0) {
+      row_scale[row] = sum > 0.0F ? v_static / sum : 0.0F;
+      if (p.lse != nullptr) {
         p.lse[row0 + row] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
       }
+    }
+  }
+  __syncthreads(); // the weights are in place
+  float4 acc[max_outputs];
+#pragma unroll
+  for (int k = 0; k < max_outputs; ++k) {
+    acc[k] = make_float4(0.0F, 0.0F, 0.0F, 0.0F);
+  }
+  for (int s0 = 0; s0 < nsplit; s0 += batch_splits) {
+    const int count = nsplit - s0 < batch_splits ? nsplit - s0 : batch_splits;
+    cp_async_wait<0>(); // this thread's copies (no other thread reads its slots)
+#pragma unroll
+    for (int k = 0; k < max_outputs; ++k) {
+      const int e = static_cast<int>(threadIdx.x) + k * threads;
+      if (e < rows_q) {
+        const float* const w_row = weights + (e / quads) * nsplit + s0;
+#pragma unroll 4
+        for (int sp = 0; sp < count; ++sp) {
+          const float w = w_row[sp];
+          const float4 v = staged[sp * rows_q + e];
+          acc[k].x += w * v.x;
+          acc[k].y += w * v.y;
+          acc[k].z += w * v.z;
+          acc[k].w += w * v.w;
+        }
+      }
+    }
+    if (s0 + count < nsplit) {
+      const int next = nsplit - s0 - count;
+      stage_splits(s0 + count, next < batch_splits ? next : batch_splits);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < max_outputs; ++k) {
+    const int e = static_cast<int>(threadIdx.x) + k * threads;
+    if (e < rows_q) {
+      const int row = e / quads;
+      const float sc = row_scale[row];
+      T* const dst = p.out + (row0 + row) * D + (e - row * quads) * 4;
+      dst[0] = from_float<T>(acc[k].x * sc);
+      dst[1] = from_float<T>(acc[k].y * sc);
+      dst[2] = from_float<T>(acc[k].z * sc);
+      dst[3] = from_float<T>(acc[k].w * sc);
     }
   }
 }
