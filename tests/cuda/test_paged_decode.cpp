@@ -233,7 +233,8 @@ TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
   const std::uint64_t seed = kvkit_test::test_seed(0xC0DEC);
   const std::vector<std::int32_t> lens{1, 31, 200, 3000};
   for (const std::int32_t group : {1, 4, 8, 16}) {
-    for (const std::int32_t sms : {1, 4096}) {
+    // One split; a few, merged in a thread block cluster; many, merged through the workspace.
+    for (const std::int32_t sms : {1, 16, 4096}) {
       const std::uint64_t s = seed + static_cast<std::uint64_t>(group * 10 + sms);
       check_decode<128, paged_layout<kvkit::fp16_codec, kvkit::fp16_codec, kv_order::hnd>, __half>(
           {16, 4, 128}, group, lens, s, {}, sms);
@@ -265,7 +266,7 @@ TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][d
   for (const kvkit::attention_options o :
        {kvkit::attention_options{0.0F, 1, 0.0F}, kvkit::attention_options{0.0F, 100, 0.0F},
         kvkit::attention_options{0.0F, 0, 5.0F}, kvkit::attention_options{0.05F, 257, 2.0F}}) {
-    for (const std::int32_t sms : {1, 4096}) {
+    for (const std::int32_t sms : {1, 16, 4096}) {
       check_decode<128, bf16_nhd, __nv_bfloat16>(layout, 4, lens, seed + sms, o, sms);
     }
   }

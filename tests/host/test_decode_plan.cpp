@@ -44,6 +44,30 @@ TEST_CASE("plan_decode splits long sequences to fill the GPU, within its limits"
   CHECK(static_cast<std::int64_t>(windowed->max_splits) * windowed->chunk_tokens < 256 + 2 * 128);
 }
 
+TEST_CASE("plan_decode keeps a sequence within a cluster's splits where that costs little",
+          "[attention][plan]") {
+  const decode_shape shape{1, 32, 8, 128, 0};
+  const auto splits = [&](std::int32_t len) {
+    const auto plan = kvkit::plan_decode(shape, std::vector<std::int32_t>{len}, 132);
+    REQUIRE(plan.ok());
+    CHECK(plan->chunk_tokens % decode_plan::tile_tokens == 0);
+    CHECK(static_cast<std::int64_t>(plan->max_splits) * plan->chunk_tokens >= len);
+    return plan->max_splits;
+  };
+  // 16 splits of 128 keys would fill more of the GPU; 8 of 256 merge in a cluster.
+  CHECK(splits(2048) == decode_plan::max_cluster_splits);
+  // 32 splits of 256 keys stay: 8 would be four times as long.
+  CHECK(splits(8192) == 32);
+  // Room for twice the blocks: down to one 64-key tile a warp.
+  CHECK(splits(512) == decode_plan::max_cluster_splits);
+  CHECK(splits(100) == 2);
+  // A batch that fills the GPU keeps its plan: 4 splits for 8 sequences of 8192 keys.
+  const auto batch =
+      kvkit::plan_decode({8, 32, 8, 128, 0}, std::vector<std::int32_t>(8, 8192), 132);
+  REQUIRE(batch.ok());
+  CHECK(batch->max_splits == 4);
+}
+
 // The plan's kv_bits of a layout: the narrower of its codecs.
 static_assert(kvkit::decode_kv_bits<kvkit::paged_layout<kvkit::bf16_codec>> == 16);
 static_assert(kvkit::decode_kv_bits<kvkit::paged_layout<kvkit::fp8_e4m3_codec>> == 8);

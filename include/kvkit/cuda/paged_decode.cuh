@@ -13,6 +13,7 @@
 //! 16-byte runs of a key's channels and dequantizes them straight into MMA operands; K and Q share
 //! a channel permutation, and V's channel permutation is undone when the output is written.
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -159,6 +160,7 @@ struct decode_params {
   float* part_o;
   float* part_lse;
   std::int32_t max_splits;
+  bool cluster; // the splits of a (sequence, KV head) form one thread block cluster
 };
 
 // ---- device building blocks -------------------------------------------------------------------
@@ -483,7 +485,10 @@ template <class K, class V, int D, int NT>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT>;
   constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
-  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4 + NT * 8 * (decode_warps + 1) * 4;
+  // The warps' states, their weights, then (cluster merge) the block's partial outputs and
+  // log-sum-exps.
+  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4 +
+                        (NT * 8 * (decode_warps + 1) + 3) / 4 * 16 + NT * 8 * (D + 1) * 4;
   return pipeline > merge ? pipeline : merge;
 }
 
@@ -538,7 +543,9 @@ __global__ void __launch_bounds__(
     chunk = need_tiles > chunk ? need_tiles : chunk;
   }
   const std::int32_t nsplit = (n + chunk - 1) / chunk;
-  if (split >= nsplit) {
+  // A block past the sequence's splits has nothing to do, except in a cluster that merges
+  // several: every block of it takes part in the cluster's barriers (its partial is empty).
+  if (split >= nsplit && !(p.cluster && nsplit > 1)) {
     return;
   }
   const std::int32_t c0 = lo + split * chunk;
@@ -934,6 +941,9 @@ __global__ void __launch_bounds__(
   const std::int32_t q_head0 = h * p.group;
   const std::int64_t row0 = static_cast<std::int64_t>(b) * p.num_q_heads + q_head0;
   constexpr float ln2 = 0.6931471805599453F;
+  // Cluster merge: this block's partial outputs [rows][D] and log2-sum-exps [rows].
+  float* const cl_o = red_w + (rows * (decode_warps + 1) + 3) / 4 * 4;
+  float* const cl_lse = cl_o + rows * D;
   for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
     const int row = e / D;
     const int ch = e % D;
@@ -949,6 +959,11 @@ __global__ void __launch_bounds__(
       if (ch == 0 && p.lse != nullptr) {
         p.lse[row0 + row] = lse2 * ln2;
       }
+    } else if (p.cluster) {
+      cl_o[row * D + ch] = val;
+      if (ch == 0) {
+        cl_lse[row] = lse2;
+      }
     } else {
       const std::int64_t prow = (row0 + row) * p.max_splits + split;
       p.part_o[prow * D + ch] = val;
@@ -958,6 +973,57 @@ __global__ void __launch_bounds__(
     }
   }
   if (nsplit == 1) {
+    return;
+  }
+  if (p.cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Split path in a cluster: the blocks read each other's partials from shared memory, each
+    // merging a share of the outputs; no workspace, no arrival counter, no second pass.
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync(); // every block's partial is in its shared memory
+    constexpr int quads = D / 4;
+    constexpr int threads = decode_warps * 32;
+    const int outputs = p.group * quads;
+    const int stride = static_cast<int>(gridDim.x) * threads;
+    for (int e = split * threads + static_cast<int>(threadIdx.x); e < outputs; e += stride) {
+      const int row = e / quads;
+      const int quad = e - row * quads;
+      float ls[decode_plan::max_cluster_splits];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int sp = 0; sp < decode_plan::max_cluster_splits; ++sp) {
+        ls[sp] = sp < nsplit ? *cluster.map_shared_rank(cl_lse + row, static_cast<unsigned>(sp))
+                             : -INFINITY;
+        mx = fmaxf(mx, ls[sp]);
+      }
+      float sum = 0.0F;
+      float4 acc = make_float4(0.0F, 0.0F, 0.0F, 0.0F);
+#pragma unroll
+      for (int sp = 0; sp < decode_plan::max_cluster_splits; ++sp) {
+        if (sp < nsplit && mx != -INFINITY) {
+          const float w = fast_exp2(ls[sp] - mx);
+          const float4 v = *reinterpret_cast<const float4*>(
+              cluster.map_shared_rank(cl_o + row * D + quad * 4, static_cast<unsigned>(sp)));
+          sum += w;
+          acc.x += w * v.x;
+          acc.y += w * v.y;
+          acc.z += w * v.z;
+          acc.w += w * v.w;
+        }
+      }
+      const float sc = sum > 0.0F ? v_static / sum : 0.0F;
+      T* const dst = p.out + (row0 + row) * D + quad * 4;
+      dst[0] = from_float<T>(acc.x * sc);
+      dst[1] = from_float<T>(acc.y * sc);
+      dst[2] = from_float<T>(acc.z * sc);
+      dst[3] = from_float<T>(acc.w * sc);
+      if (quad == 0 && p.lse != nullptr) {
+        p.lse[row0 + row] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
+      }
+    }
+    cluster.sync(); // no block leaves while another may still read its shared memory
+#endif
     return;
   }
 
@@ -1114,6 +1180,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   p.chunk = plan.chunk_tokens;
   p.page_div = fast_divmod::make(static_cast<std::uint32_t>(a.layout.page_size()));
   p.max_splits = plan.max_splits;
+  p.cluster = false;
   if (plan.workspace_bytes() > 0) {
     auto* const ws = static_cast<std::byte*>(workspace);
     p.counters = reinterpret_cast<std::uint32_t*>(ws);
@@ -1122,12 +1189,6 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                              static_cast<std::size_t>(plan.shape.num_q_heads) *
                              static_cast<std::size_t>(plan.max_splits);
     p.part_o = p.part_lse + (rows + 3) / 4 * 4;
-    // The arrival counters start at zero: where they lie depends on the plan, so a workspace
-    // that served another plan holds anything there.
-    if (const cudaError_t e = cudaMemsetAsync(ws, 0, plan.counter_bytes(), stream);
-        e != cudaSuccess) {
-      return e;
-    }
   }
   constexpr int smem = decode_smem_bytes<K, V, D, NT>();
   const auto kernel = paged_decode_kernel<Layout, T, D, NT>;
@@ -1139,11 +1200,23 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     return e;
   }
   const std::uint64_t bit = device < 64 ? (1ULL << device) : 0;
+  // Devices that launch thread block clusters (compute capability 9 and up), noted with the same
+  // once-per-device query.
+  static std::atomic<std::uint64_t> clusters{0};
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
     if (const cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess) {
       return e;
+    }
+    int major = 0;
+    if (const cudaError_t e =
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        e != cudaSuccess) {
+      return e;
+    }
+    if (major >= 9) {
+      clusters.fetch_or(bit, std::memory_order_acq_rel);
     }
     raised.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -1153,7 +1226,54 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   if (a.table.batch_size == 0) {
     return cudaSuccess;
   }
-  kernel<<<grid, decode_warps * 32, smem, stream>>>(p);
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(decode_warps * 32);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = static_cast<unsigned>(plan.max_splits);
+  cluster[0].val.clusterDim.y = 1;
+  cluster[0].val.clusterDim.z = 1;
+  // Up to max_cluster_splits splits merge inside a cluster of their blocks, where every cluster
+  // of the grid can be resident at once; otherwise (a grid of clusters takes longer to place
+  // than one of blocks: H200, bf16 B=8, L=8192 in clusters of 4: 96 us against 70) the splits go
+  // through the workspace, where the last block to arrive merges them. How many clusters of each
+  // size fit is asked once per device.
+  if (plan.max_splits > 1 && plan.max_splits <= decode_plan::max_cluster_splits &&
+      (clusters.load(std::memory_order_acquire) & bit) != 0) {
+    static std::atomic<std::int32_t> fit[64][decode_plan::max_cluster_splits + 1] = {};
+    std::atomic<std::int32_t>& known = fit[device][plan.max_splits];
+    std::int32_t max_clusters = known.load(std::memory_order_acquire) - 1;
+    if (max_clusters < 0) {
+      config.attrs = cluster;
+      config.numAttrs = 1;
+      int n = 0;
+      if (const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &config);
+          e != cudaSuccess) {
+        (void)cudaGetLastError(); // not an error of this launch: no cluster merge
+        n = 0;
+      }
+      max_clusters = n;
+      known.store(n + 1, std::memory_order_release);
+    }
+    p.cluster =
+        static_cast<std::int64_t>(a.table.batch_size) * plan.shape.num_kv_heads <= max_clusters;
+  }
+  config.attrs = p.cluster ? cluster : nullptr;
+  config.numAttrs = p.cluster ? 1 : 0;
+  if (plan.max_splits > 1 && !p.cluster) {
+    // The arrival counters start at zero: where they lie depends on the plan, so a workspace
+    // that served another plan holds anything there.
+    if (const cudaError_t e = cudaMemsetAsync(p.counters, 0, plan.counter_bytes(), stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  if (const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p); e != cudaSuccess) {
+    return e;
+  }
   return cudaGetLastError();
 }
 
@@ -1179,8 +1299,11 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! lse[b]). Matches kvkit::reference::paged_decode to fp16/bf16 rounding of the operands (keys and
 //! values are dequantized to fp16, or kept in bf16 for a bf16 cache; accumulation is fp32).
 //! `plan` comes from plan_decode or plan_decode_graph_safe for the same shape; `workspace` holds
-//! plan.workspace_bytes() bytes and needs no initialization (a split launch first zeroes its
-//! arrival counters with a memset on `stream`). One kernel launch, asynchronous on `stream`; no
+//! plan.workspace_bytes() bytes and needs no initialization. A split launch merges its splits in
+//! thread block clusters where it can (compute capability 9 and up, at most
+//! decode_plan::max_cluster_splits splits, and every cluster of the grid resident at once), and
+//! otherwise through the workspace, after zeroing its arrival counters with a memset on `stream`.
+//! One kernel launch, asynchronous on `stream`; no
 //! allocation, no host synchronization, so a launch with a graph-safe plan can be captured in a
 //! CUDA graph. cudaErrorInvalidValue when `validate` fails.
 template <class Layout, query_element T>
