@@ -166,6 +166,15 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   }
   cudaStreamDestroy(stream);
   KVKIT_TRY(cudaMemcpy(&out.page_check, d_check, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  std::vector<std::uint8_t> ws(ws_bytes);
+  KVKIT_TRY(cudaMemcpy(ws.data(), d_ws, ws_bytes, cudaMemcpyDeviceToHost));
+  out.workspace_written =
+      std::any_of(ws.begin(), ws.end(), [](std::uint8_t x) { return x != 0xA5; });
+  int device = 0;
+  int clusters = 0;
+  KVKIT_TRY(cudaGetDevice(&device));
+  KVKIT_TRY(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
+  out.cluster_device = clusters != 0;
   return out;
 }
 

@@ -36,6 +36,10 @@ struct decode_outcome {
   std::vector<std::vector<float>> lse;         // per step [batch][q_heads]
   std::int32_t page_check = 0;                 // the debug flag after the last step
   std::int32_t max_splits = 0;                 // of the (last) plan
+  // Whether any launch wrote to the workspace (it starts as garbage, which a launch that merges
+  // its splits in thread block clusters leaves as it is), and whether the device has clusters.
+  bool workspace_written = false;
+  bool cluster_device = false;
 };
 
 // Runs paged_decode_dim<HeadDim> on each step over one device copy of `cache` (capacity pages),

@@ -161,6 +161,20 @@ double bound() {
   return bf16 ? 1e-2 : 3e-3;
 }
 
+// Which merge a launch used: through the workspace (written), in thread block clusters (the
+// workspace left as it was), or none (one split a sequence).
+enum class merged { none, workspace, clusters };
+
+// The merge a launch of `max_splits` splits a sequence should use, on a device with or without
+// clusters, where every cluster of the grid fits.
+merged expected_merge(std::int32_t max_splits, bool cluster_device) {
+  if (max_splits <= 1) {
+    return merged::none;
+  }
+  return cluster_device && max_splits <= kvkit::decode_plan::max_cluster_splits ? merged::clusters
+                                                                                : merged::workspace;
+}
+
 template <int D, class Layout, class T>
 void check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
                   std::uint64_t seed, const kvkit::attention_options& options = {},
@@ -187,6 +201,12 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
   CHECK(e.all_finite);
   CHECK(e.out_rel < bound<Layout, T>());
   CHECK(e.lse_abs < 2e-2);
+  // The tests' grids are small enough for every cluster to fit: a plan of up to 8 splits merges in
+  // clusters on a device that has them.
+  const merged path = got.max_splits <= 1     ? merged::none
+                      : got.workspace_written ? merged::workspace
+                                              : merged::clusters;
+  CHECK(path == expected_merge(got.max_splits, got.cluster_device));
 }
 
 // Each step of a bf16 multi-step run (default options) against the reference.
@@ -270,6 +290,31 @@ TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][d
       check_decode<128, bf16_nhd, __nv_bfloat16>(layout, 4, lens, seed + sms, o, sms);
     }
   }
+}
+
+TEST_CASE("paged_decode: a few splits merge through the workspace when their clusters do not fit",
+          "[cuda][decode]") {
+  // 64 sequences x 4 KV heads, each cut into at most 8 splits: 256 clusters, more than an H200
+  // holds at once, so the launch merges through the workspace.
+  const std::uint64_t seed = kvkit_test::test_seed(0xF17);
+  problem<bf16_nhd> pr(bf16_nhd(16, 4, 128), 64 * 45 + 8, seed);
+  std::vector<std::int32_t> lens;
+  for (std::int32_t b = 0; b < 64; ++b) {
+    lens.push_back(300 + (b * 37) % 400);
+  }
+  const std::int32_t q_heads = 16;
+  const std::vector<kvkit_test::decode_step> steps{pr.make_step<__nv_bfloat16>(lens, q_heads)};
+  kvkit_test::decode_mode mode;
+  mode.sm_count = 4096;
+  const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+      pr.layout, pr.cache, pr.capacity, {64, q_heads, 4, 128, 0}, steps, pr.scales, {}, mode);
+  INFO("seed " << seed << " splits " << got.max_splits << " error "
+               << cudaGetErrorString(got.error));
+  REQUIRE(got.error == cudaSuccess);
+  CHECK(got.max_splits >= 2);
+  CHECK(got.max_splits <= kvkit::decode_plan::max_cluster_splits);
+  CHECK(got.workspace_written);
+  check_steps(pr, steps, q_heads, got);
 }
 
 TEST_CASE("paged_decode: one workspace serves plans of different batches in turn",

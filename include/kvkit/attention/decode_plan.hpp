@@ -156,7 +156,8 @@ template <class Lengths>
   // their chunks are at most twice as long; where it leaves room for twice its blocks, it cuts
   // down to one tile a warp (H200, bf16 B=1: L=2048 12.5 us with 16 splits of 128 keys, 10.4 with
   // 8 of 256; L=8192 19.9 with 32 of 256, 22.9 with 8 of 1024; L=512 7.9 with 4 of 128, 7.45
-  // with 8 of 64).
+  // with 8 of 64). The plan does not know the device: on one without clusters, or where the
+  // clusters do not all fit, the same splits merge through the workspace.
   constexpr std::int64_t tile = decode_plan::tile_tokens;
   const std::int64_t cluster_chunk = std::max<std::int64_t>(
       tile, ((max_len + decode_plan::max_cluster_splits - 1) / decode_plan::max_cluster_splits +
@@ -170,7 +171,7 @@ template <class Lengths>
   } else if (cluster_chunk < chunk) {
     std::int64_t blocks = 0;
     lengths([&](std::int64_t len) { blocks += (len + cluster_chunk - 1) / cluster_chunk; });
-    if (2 * blocks * shape.num_kv_heads <= 2 * sms) {
+    if (blocks * shape.num_kv_heads <= sms) {
       chunk = cluster_chunk;
     }
   }

@@ -485,10 +485,8 @@ template <class K, class V, int D, int NT>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT>;
   constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
-  // The warps' states, their weights, then (cluster merge) the block's partial outputs and
-  // log-sum-exps.
-  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4 +
-                        (NT * 8 * (decode_warps + 1) + 3) / 4 * 16 + NT * 8 * (D + 1) * 4;
+  // The warps' states, then their weights (the cluster merge's partials reuse the states').
+  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4 + NT * 8 * (decode_warps + 1) * 4;
   return pipeline > merge ? pipeline : merge;
 }
 
@@ -941,9 +939,11 @@ __global__ void __launch_bounds__(
   const std::int32_t q_head0 = h * p.group;
   const std::int64_t row0 = static_cast<std::int64_t>(b) * p.num_q_heads + q_head0;
   constexpr float ln2 = 0.6931471805599453F;
-  // Cluster merge: this block's partial outputs [rows][D] and log2-sum-exps [rows].
-  float* const cl_o = red_w + (rows * (decode_warps + 1) + 3) / 4 * 4;
-  float* const cl_lse = cl_o + rows * D;
+  // Cluster merge: this block's partial outputs [rows][D] over warp 0's states (each element is
+  // read, then written, by the same thread below) and its log2-sum-exps [rows] over the running
+  // maxima (last read before the barrier above).
+  float* const cl_o = red_o;
+  float* const cl_lse = red_m;
   for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
     const int row = e / D;
     const int ch = e % D;
@@ -1200,7 +1200,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     return e;
   }
   const std::uint64_t bit = device < 64 ? (1ULL << device) : 0;
-  // Devices that launch thread block clusters (compute capability 9 and up), noted with the same
+  // Devices where this kernel merges splits in thread block clusters, noted with the same
   // once-per-device query.
   static std::atomic<std::uint64_t> clusters{0};
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
@@ -1209,13 +1209,20 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
         e != cudaSuccess) {
       return e;
     }
-    int major = 0;
+    // The cluster merge needs a device that launches clusters and a kernel built for
+    // compute capability 9 or later (code built for an older one, even run on a newer device
+    // through its PTX, has no cluster merge).
+    int cluster_launch = 0;
     if (const cudaError_t e =
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+            cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);
         e != cudaSuccess) {
       return e;
     }
-    if (major >= 9) {
+    cudaFuncAttributes attributes{};
+    if (const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel); e != cudaSuccess) {
+      return e;
+    }
+    if (cluster_launch != 0 && attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90) {
       clusters.fetch_or(bit, std::memory_order_acq_rel);
     }
     raised.fetch_or(bit, std::memory_order_acq_rel);
