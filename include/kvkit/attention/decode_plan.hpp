@@ -112,6 +112,20 @@ namespace detail {
   return window > 0 ? std::min<std::int64_t>(len, window) : len;
 }
 
+// `keys` rounded up to whole tiles, at least one.
+[[nodiscard]] constexpr std::int64_t whole_tiles(std::int64_t keys) {
+  constexpr std::int64_t tile = decode_plan::tile_tokens;
+  return std::max<std::int64_t>((keys + tile - 1) / tile * tile, tile);
+}
+
+// Splits of `chunk` keys over every sequence (one KV head).
+template <class Lengths>
+[[nodiscard]] constexpr std::int64_t split_count(Lengths& lengths, std::int64_t chunk) {
+  std::int64_t splits = 0;
+  lengths([&](std::int64_t len) { splits += (len + chunk - 1) / chunk; });
+  return splits;
+}
+
 // The smallest chunk (a multiple of the tile) whose thread blocks (over all sequences and KV
 // heads) number at most `target`, or the longest sequence's length when even one split per
 // sequence exceeds it; a chunk below two tiles costs more to merge than it saves.
@@ -119,12 +133,10 @@ template <class Lengths>
 [[nodiscard]] constexpr std::int64_t smallest_chunk(const decode_shape& shape, Lengths& lengths,
                                                     std::int64_t max_len, std::int64_t target) {
   constexpr std::int64_t tile = decode_plan::tile_tokens;
-  const std::int64_t longest = std::max<std::int64_t>((max_len + tile - 1) / tile * tile, tile);
+  const std::int64_t longest = whole_tiles(max_len);
   std::int64_t chunk = std::min<std::int64_t>(2 * tile, longest);
   while (chunk < longest) {
-    std::int64_t blocks = 0;
-    lengths([&](std::int64_t len) { blocks += (len + chunk - 1) / chunk; });
-    if (blocks * shape.num_kv_heads <= target &&
+    if (split_count(lengths, chunk) * shape.num_kv_heads <= target &&
         (max_len + chunk - 1) / chunk <= decode_plan::max_splits_limit) {
       break;
     }
@@ -158,20 +170,15 @@ template <class Lengths>
   // 8 of 256; L=8192 19.9 with 32 of 256, 22.9 with 8 of 1024; L=512 7.9 with 4 of 128, 7.45
   // with 8 of 64). The plan does not know the device: on one without clusters, or where the
   // clusters do not all fit, the same splits merge through the workspace.
-  constexpr std::int64_t tile = decode_plan::tile_tokens;
-  const std::int64_t cluster_chunk = std::max<std::int64_t>(
-      tile, ((max_len + decode_plan::max_cluster_splits - 1) / decode_plan::max_cluster_splits +
-             tile - 1) /
-                tile * tile);
+  const std::int64_t cluster_chunk = whole_tiles((max_len + decode_plan::max_cluster_splits - 1) /
+                                                 decode_plan::max_cluster_splits);
   if (cluster_chunk > chunk) {
     if ((max_len + chunk - 1) / chunk > decode_plan::max_cluster_splits &&
         cluster_chunk <= 2 * chunk) {
       chunk = cluster_chunk;
     }
   } else if (cluster_chunk < chunk) {
-    std::int64_t blocks = 0;
-    lengths([&](std::int64_t len) { blocks += (len + cluster_chunk - 1) / cluster_chunk; });
-    if (blocks * shape.num_kv_heads <= sms) {
+    if (split_count(lengths, cluster_chunk) * shape.num_kv_heads <= sms) {
       chunk = cluster_chunk;
     }
   }
