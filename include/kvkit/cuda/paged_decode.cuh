@@ -193,6 +193,21 @@ __device__ inline float fast_exp2(float x) {
   return y;
 }
 
+// log2 of the sum of exp2 terms whose largest exponent is `mx` and whose sum scaled by exp2(-mx)
+// is `sum`; -inf for an empty sum.
+__device__ inline float log2_sum_exp(float mx, float sum) {
+  return sum > 0.0F ? mx + __log2f(sum) : -INFINITY;
+}
+
+// Four consecutive outputs, scaled, in the output type.
+template <class T>
+__device__ inline void store_scaled(T* dst, const float4& v, float scale) {
+  dst[0] = from_float<T>(v.x * scale);
+  dst[1] = from_float<T>(v.y * scale);
+  dst[2] = from_float<T>(v.z * scale);
+  dst[3] = from_float<T>(v.w * scale);
+}
+
 __device__ inline float fast_tanh(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -932,7 +947,7 @@ __global__ void __launch_bounds__(
     for (int w = 0; w < decode_warps; ++w) {
       red_w[row * (decode_warps + 1) + w] = wt[w] * inv;
     }
-    red_w[row * (decode_warps + 1) + decode_warps] = sum > 0.0F ? mx + __log2f(sum) : -INFINITY;
+    red_w[row * (decode_warps + 1) + decode_warps] = log2_sum_exp(mx, sum);
   }
   __syncthreads();
 
@@ -1012,14 +1027,9 @@ __global__ void __launch_bounds__(
           acc.w += w * v.w;
         }
       }
-      const float sc = sum > 0.0F ? v_static / sum : 0.0F;
-      T* const dst = p.out + (row0 + row) * D + quad * 4;
-      dst[0] = from_float<T>(acc.x * sc);
-      dst[1] = from_float<T>(acc.y * sc);
-      dst[2] = from_float<T>(acc.z * sc);
-      dst[3] = from_float<T>(acc.w * sc);
+      store_scaled(p.out + (row0 + row) * D + quad * 4, acc, sum > 0.0F ? v_static / sum : 0.0F);
       if (quad == 0 && p.lse != nullptr) {
-        p.lse[row0 + row] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
+        p.lse[row0 + row] = log2_sum_exp(mx, sum) * ln2;
       }
     }
     cluster.sync(); // no block leaves while another may still read its shared memory
@@ -1106,7 +1116,7 @@ __global__ void __launch_bounds__(
     if (lane == 0) {
       row_scale[row] = sum > 0.0F ? v_static / sum : 0.0F;
       if (p.lse != nullptr) {
-        p.lse[row0 + row] = sum > 0.0F ? (mx + __log2f(sum)) * ln2 : -INFINITY;
+        p.lse[row0 + row] = log2_sum_exp(mx, sum) * ln2;
       }
     }
   }
@@ -1145,12 +1155,7 @@ __global__ void __launch_bounds__(
     const int e = static_cast<int>(threadIdx.x) + k * threads;
     if (e < rows_q) {
       const int row = e / quads;
-      const float sc = row_scale[row];
-      T* const dst = p.out + (row0 + row) * D + (e - row * quads) * 4;
-      dst[0] = from_float<T>(acc[k].x * sc);
-      dst[1] = from_float<T>(acc[k].y * sc);
-      dst[2] = from_float<T>(acc[k].z * sc);
-      dst[3] = from_float<T>(acc[k].w * sc);
+      store_scaled(p.out + (row0 + row) * D + (e - row * quads) * 4, acc[k], row_scale[row]);
     }
   }
 }
@@ -1310,9 +1315,9 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! thread block clusters where it can (compute capability 9 and up, at most
 //! decode_plan::max_cluster_splits splits, and every cluster of the grid resident at once), and
 //! otherwise through the workspace, after zeroing its arrival counters with a memset on `stream`.
-//! One kernel launch, asynchronous on `stream`; no
-//! allocation, no host synchronization, so a launch with a graph-safe plan can be captured in a
-//! CUDA graph. cudaErrorInvalidValue when `validate` fails.
+//! One kernel launch, asynchronous on `stream`; no allocation, no host synchronization, so a
+//! launch with a graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when
+//! `validate` fails.
 template <class Layout, query_element T>
 [[nodiscard]] cudaError_t paged_decode(const decode_args<Layout, T>& a, const decode_plan& plan,
                                        void* workspace, std::size_t workspace_bytes,
