@@ -32,6 +32,11 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
     return 1;
   }
+#ifdef NDEBUG
+  benchmark::AddCustomContext("kvkit_assertions", "off");
+#else
+  benchmark::AddCustomContext("kvkit_assertions", "on (a debug build: figures not comparable)");
+#endif
   ratio_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();

@@ -31,6 +31,14 @@
 #define KVKIT_FLATTEN
 #endif
 
+// Inlines the function it marks into every caller (GCC and Clang), for small functions on a hot
+// chain where a call would cost more than the work; plain `inline` elsewhere.
+#if defined(__GNUC__)
+#define KVKIT_ALWAYS_INLINE [[gnu::always_inline]] inline
+#else
+#define KVKIT_ALWAYS_INLINE inline
+#endif
+
 namespace kvkit {
 
 //! The library version as {major, minor, patch}.

@@ -1,7 +1,9 @@
 #include <array>
 #include <cstddef>
+#include <cstring>
 #include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -13,6 +15,27 @@
 
 using kvkit::block_key;
 using kvkit::token_id;
+
+namespace {
+
+// The documented construction: XXH3-128 of the parent key's 16 bytes, the tokens' bytes and the
+// extra bytes, concatenated.
+block_key concatenated(const block_key& parent, std::span<const token_id> tokens,
+                       std::span<const std::byte> extra) {
+  std::vector<unsigned char> bytes(sizeof(parent) + tokens.size_bytes() + extra.size_bytes());
+  std::memcpy(bytes.data(), &parent.lo, 8);
+  std::memcpy(bytes.data() + 8, &parent.hi, 8);
+  if (!tokens.empty()) {
+    std::memcpy(bytes.data() + 16, tokens.data(), tokens.size_bytes());
+  }
+  if (!extra.empty()) {
+    std::memcpy(bytes.data() + 16 + tokens.size_bytes(), extra.data(), extra.size_bytes());
+  }
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  return block_key{h.low64, h.high64};
+}
+
+} // namespace
 
 TEST_CASE("xxh3_hasher is deterministic and sensitive to every input", "[prefix_cache][hasher]") {
   const kvkit::xxh3_hasher h;
@@ -30,29 +53,56 @@ TEST_CASE("xxh3_hasher is deterministic and sensitive to every input", "[prefix_
   // The root key of a request depends on its extra bytes only.
   CHECK(h(block_key{}, {}, extra) == h(block_key{}, {}, extra));
   CHECK_FALSE(h(block_key{}, {}, extra) == h(block_key{}, {}, {}));
-  // The documented construction: XXH3-128(parent | XXH3-128(tokens)).
-  const XXH128_hash_t content = XXH3_128bits(tokens.data(), sizeof(tokens));
-  const std::uint64_t words[4] = {parent.lo, parent.hi, content.low64, content.high64};
-  const XXH128_hash_t want = XXH3_128bits(words, sizeof(words));
-  CHECK(k == block_key{want.low64, want.high64});
+  CHECK(k == concatenated(parent, tokens, {}));
+  CHECK(h(parent, tokens, extra) == concatenated(parent, tokens, extra));
+  CHECK(h(block_key{}, {}, extra) == concatenated(block_key{}, {}, extra));
+  CHECK(h(block_key{}, {}, {}) == concatenated(block_key{}, {}, {}));
 }
 
 TEST_CASE("xxh3_hasher keys follow the construction at every block size",
           "[prefix_cache][hasher]") {
-  // The usual block sizes take fixed-length paths; each must give the generic construction.
+  // 8- and 16-token blocks are hashed from registers, blocks of up to 256 tokens through a
+  // buffer, longer ones and any extra bytes through xxHash's streaming state: all must agree.
   const kvkit::xxh3_hasher h;
-  std::vector<token_id> tokens(80);
+  std::vector<token_id> tokens(300);
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = static_cast<token_id>(1000003 * i + 17);
   }
+  const std::array<std::byte, 5> extra{std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4},
+                                       std::byte{5}};
   const block_key parent{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
-  for (std::size_t n = 1; n <= tokens.size(); ++n) {
+  for (std::size_t n = 0; n <= tokens.size(); ++n) {
     CAPTURE(n);
-    const XXH128_hash_t content = XXH3_128bits(tokens.data(), n * sizeof(token_id));
-    const std::uint64_t words[4] = {parent.lo, parent.hi, content.low64, content.high64};
-    const XXH128_hash_t want = XXH3_128bits(words, sizeof(words));
-    CHECK(h(parent, std::span(tokens).first(n), {}) == block_key{want.low64, want.high64});
+    const auto blk = std::span<const token_id>(tokens).first(n);
+    CHECK(h(parent, blk, {}) == concatenated(parent, blk, {}));
+    CHECK(h(parent, blk, extra) == concatenated(parent, blk, extra));
   }
+}
+
+TEST_CASE("xxh3_hasher's register path is XXH3-128 for any parent and tokens",
+          "[prefix_cache][hasher]") {
+  // The parent key enters the hash from registers at 8 and 16 tokens a block; random parents and
+  // tokens, the all-zero root parent and a parent with every bit set must all give xxHash's key.
+  const kvkit::xxh3_hasher h;
+  const std::uint64_t seed = kvkit_test::test_seed(5);
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::array<token_id, 16> tokens{};
+  int differ = 0;
+  for (int round = 0; round < 4000; ++round) {
+    for (auto& t : tokens) {
+      t = static_cast<token_id>(rng());
+    }
+    block_key parent{rng(), rng()};
+    if (round < 2) {
+      parent = block_key{};
+    } else if (round < 4) {
+      parent = block_key{~std::uint64_t{0}, ~std::uint64_t{0}};
+    }
+    const auto blk = std::span<const token_id>(tokens).first(round % 2 == 0 ? 16 : 8);
+    differ += h(parent, blk, {}) == concatenated(parent, blk, {}) ? 0 : 1;
+  }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("eviction policies map hints to levels", "[prefix_cache][eviction]") {

@@ -204,6 +204,7 @@ private:
     const std::int32_t free_before = pool_.num_free();
     const auto evictable_before = pool_.num_evictable();
     const auto queries_before = cache_.stats().queries;
+    const kvkit::prefix_match probed = cache_.probe(prompt);
     slots_.resize(prompt.size());
     const auto a = cache_.admit(table_, s, prompt, {}, keep, slots_);
     if (!a.ok()) {
@@ -214,6 +215,10 @@ private:
           !table_.contains(s) && !cache_.tracks(s) && pool_.num_free() == free_before &&
           pool_.num_evictable() == evictable_before && cache_.stats().queries == queries_before;
       return unchanged ? std::string{} : "failed admission changed state";
+    }
+    if (a->hit.num_blocks != probed.num_blocks || a->hit.num_tokens != probed.num_tokens ||
+        a->hit.num_evictable != probed.num_evictable) {
+      return "the match differs from the probe before it";
     }
     const auto computed = static_cast<std::size_t>(a->hit.num_tokens);
     write(a->append, std::span(slots_).first(prompt.size() - computed),

@@ -145,7 +145,7 @@ public:
     if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens)) {
       return {};
     }
-    return walk(tokens, hasher_(block_key{}, {}, extra), nullptr, nullptr);
+    return walk<false>(tokens, hasher_(block_key{}, {}, extra), nullptr, nullptr);
   }
 
   //! Finds the longest cached prefix of prompt `tokens` (never its last token), writes its blocks
@@ -167,11 +167,9 @@ public:
       return errc::buffer_too_small;
     }
     sequence st{hasher_(block_key{}, {}, extra), {}, r};
-    const prefix_match m = walk(tokens, st.root, out.data(), &st.keys);
-    for (std::int32_t i = 0; i < m.num_blocks; ++i) {
-      [[maybe_unused]] const status held = pool_->retain(out[static_cast<std::size_t>(i)]);
-      assert(held.ok()); // published blocks are in use or evictable
-    }
+    // The sequence will key every full block of its prompt when it publishes: room for all now.
+    st.keys.reserve(static_cast<std::size_t>(len / block_size_));
+    const prefix_match m = walk<true>(tokens, st.root, out.data(), &st.keys);
     seqs_.emplace(s, std::move(st));
     ++stats_.queries;
     stats_.query_tokens += len;
@@ -403,19 +401,50 @@ private:
     return std::clamp(level, 0, pool_->num_eviction_levels() - 1);
   }
 
+  // A reference to published block `b` for a match's caller.
+  void take(block_id b) const noexcept {
+    [[maybe_unused]] const status held = pool_->retain(b);
+    assert(held.ok()); // published blocks are in use or evictable
+  }
+
   // The lookup shared by probe and match: full blocks by key, then (option) the best partial share.
+  // With `Take` (match), the blocks found go to `out`, each with a reference taken for the caller,
+  // and their keys to `keys`; without it (probe) both are null. The usual block sizes get a walk of
+  // their own, in which the hasher's length dispatch and the token comparison fold to fixed
+  // lengths.
+  template <bool Take>
   prefix_match walk(std::span<const token_id> tokens, const block_key& root, block_id* out,
                     std::vector<block_key>* keys) const {
+    switch (block_size_) {
+    case 8:
+      return walk_blocks<8, Take>(tokens, root, out, keys);
+    case 16:
+      return walk_blocks<16, Take>(tokens, root, out, keys);
+    case 32:
+      return walk_blocks<32, Take>(tokens, root, out, keys);
+    case 64:
+      return walk_blocks<64, Take>(tokens, root, out, keys);
+    default:
+      return walk_blocks<0, Take>(tokens, root, out, keys);
+    }
+  }
+
+  // walk for blocks of `BlockSize` tokens, or of block_size_ when it is 0.
+  template <std::size_t BlockSize, bool Take>
+  prefix_match walk_blocks(std::span<const token_id> tokens, const block_key& root, block_id* out,
+                           std::vector<block_key>* keys) const {
     prefix_match m;
-    const auto bs = static_cast<std::size_t>(block_size_);
+    // A match counts the evictable blocks it took back by the pool's revivals, not block by block.
+    [[maybe_unused]] const std::int64_t revived = pool_->num_revivals();
+    const std::size_t bs = BlockSize != 0 ? BlockSize : static_cast<std::size_t>(block_size_);
     const auto limit = static_cast<std::int32_t>(tokens.size()) - 1; // keep the last token
     const std::int32_t max_full = limit / block_size_;
-    // A chunk of keys is hashed first (a serial chain of pure compute), then all its lookups are
-    // issued (independent loads whose cache misses overlap), then the hits are verified in order.
-    // Chunks start small so a miss near the start wastes little hashing, and grow to amortize.
+    // A chunk of keys is hashed first (a serial chain of pure compute), then they are looked up
+    // and verified in order (lookups of different blocks do not wait for each other, so their
+    // cache misses overlap). Chunks start small so a miss near the start wastes little hashing,
+    // and grow to amortize.
     constexpr std::int32_t max_chunk = 32;
     block_key ahead[max_chunk];
-    block_id found[max_chunk];
     block_key parent = root;
     std::int32_t i = 0;
     std::int32_t chunk = 4;
@@ -429,23 +458,22 @@ private:
         k = hasher_(k, {first + static_cast<std::size_t>(j) * bs, bs}, {});
         ahead[j] = k;
       }
-      for (std::int32_t j = 0; j < n; ++j) {
-        found[j] = full_.find(ahead[j]);
-      }
       std::int32_t j = 0;
       for (; j < n; ++j) {
-        const block_id b = found[j];
-        if (b == invalid_block_id ||
-            !holds(b, j == 0 ? parent : ahead[j - 1], first + static_cast<std::size_t>(j) * bs)) {
+        const block_id b = full_.find(ahead[j]);
+        if (b == invalid_block_id || !holds(b, j == 0 ? parent : ahead[j - 1],
+                                            first + static_cast<std::size_t>(j) * bs, bs)) {
           hit = false;
           break;
         }
-        m.num_evictable += pool_->ref_count(b) == 0 ? 1 : 0;
+        if constexpr (Take) {
+          out[i + j] = b;
+          take(b);
+        } else {
+          m.num_evictable += pool_->ref_count(b) == 0 ? 1 : 0;
+        }
       }
-      if (out != nullptr) {
-        std::copy_n(found, j, out + i);
-      }
-      if (keys != nullptr) {
+      if constexpr (Take) {
         keys->insert(keys->end(), ahead, ahead + j);
       }
       if (j > 0) {
@@ -469,26 +497,31 @@ private:
         }
       }
       if (best != invalid_block_id && best_len >= options_.min_partial_tokens) {
-        if (out != nullptr) {
+        if constexpr (Take) {
           out[i] = best;
+          take(best);
+        } else {
+          m.num_evictable += pool_->ref_count(best) == 0 ? 1 : 0;
         }
         ++m.num_blocks;
         m.num_tokens += best_len;
-        m.num_evictable += pool_->ref_count(best) == 0 ? 1 : 0;
         m.partial_last = true;
       }
+    }
+    if constexpr (Take) {
+      m.num_evictable = static_cast<std::int32_t>(pool_->num_revivals() - revived);
     }
     return m;
   }
 
   // Whether entry `b` is the block after prefix `parent` holding exactly the block of tokens at
   // `blk`.
-  [[nodiscard]] bool holds(block_id b, const block_key& parent,
-                           const token_id* blk) const noexcept {
+  // `bs` is block_size_, passed in so that a walk for a fixed block size compares a fixed length.
+  [[nodiscard]] bool holds(block_id b, const block_key& parent, const token_id* blk,
+                           std::size_t bs) const noexcept {
     if (!(entries_[static_cast<std::size_t>(b)].parent == parent)) {
       return false;
     }
-    const auto bs = static_cast<std::size_t>(block_size_);
     const token_id* held = tokens_.data() + static_cast<std::size_t>(b) * bs;
     return std::memcmp(held, blk, bs * sizeof(token_id)) == 0;
   }
@@ -519,7 +552,7 @@ private:
       // it could be reached by a different prefix, so this chain publishes nothing more.
       const block_id existing = full_.find(k);
       if (existing != invalid_block_id && existing != blocks[i] &&
-          !holds(existing, parent, blk.data())) {
+          !holds(existing, parent, blk.data(), bs)) {
         q.collided = true;
       }
       if (!q.collided) {
