@@ -19,6 +19,22 @@ inline void report_rate_target(benchmark::State& state, double items, double tar
   state.counters["x_target"] = benchmark::Counter(items / target_rate, benchmark::Counter::kIsRate);
 }
 
+// Reports, beside Google Benchmark's mean, the rate at the median of `seconds` (the wall time of
+// each iteration, timed by hand) and its ratio to `target_rate`. On a shared machine, work of other
+// tenants lands in some iterations and pulls the mean down; the median shows the code's own speed.
+inline void report_median_rate_target(benchmark::State& state, std::vector<double> seconds,
+                                      double items_per_iteration, double target_rate) {
+  if (seconds.empty()) {
+    return;
+  }
+  const auto mid = seconds.begin() + static_cast<std::ptrdiff_t>(seconds.size() / 2);
+  std::nth_element(seconds.begin(), mid, seconds.end());
+  const double rate = items_per_iteration / *mid;
+  state.counters["median_us"] = benchmark::Counter(*mid * 1e6);
+  state.counters["median/s"] = benchmark::Counter(rate);
+  state.counters["x_target_median"] = benchmark::Counter(rate / target_rate);
+}
+
 // Reports a per-iteration time target (in microseconds) and the ratio target/measured, which
 // reads >= 1 when the target is met.
 inline void report_time_target(benchmark::State& state, double target_us) {
