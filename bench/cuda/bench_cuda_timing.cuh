@@ -14,19 +14,19 @@ inline bool gpu_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-// Median seconds of `fn` (work queued on stream 0) over `reps` runs timed with CUDA events,
+// Median seconds of `fn` (work queued on `stream`) over `reps` runs timed with CUDA events,
 // after one warm-up run.
 template <class F>
-double median_seconds(F&& fn, int reps = 15) {
+double median_seconds(F&& fn, int reps = 15, cudaStream_t stream = nullptr) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
   fn();
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a);
+    cudaEventRecord(a, stream);
     fn();
-    cudaEventRecord(b);
+    cudaEventRecord(b, stream);
     cudaEventSynchronize(b);
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
@@ -41,19 +41,21 @@ double median_seconds(F&& fn, int reps = 15) {
 // The benchmark loop of GPU launches: each iteration times `calls` back-to-back calls of `launch`
 // (which returns the launch's cudaError_t) between two CUDA events and reports the time per call
 // as manual time; stops with an error on failure. Returns the per-call seconds of each iteration.
+// The events go to `stream`, the stream `launch` queues its work on.
 template <class Launch>
-std::vector<double> time_launches(benchmark::State& state, Launch&& launch, int calls = 1) {
+std::vector<double> time_launches(benchmark::State& state, Launch&& launch, int calls = 1,
+                                  cudaStream_t stream = nullptr) {
   std::vector<double> per_call;
   cudaEvent_t a, e;
   cudaEventCreate(&a);
   cudaEventCreate(&e);
   for (auto _ : state) {
-    cudaEventRecord(a);
+    cudaEventRecord(a, stream);
     cudaError_t err = cudaSuccess;
     for (int c = 0; c < calls && err == cudaSuccess; ++c) {
       err = launch();
     }
-    cudaEventRecord(e);
+    cudaEventRecord(e, stream);
     cudaEventSynchronize(e);
     if (err != cudaSuccess) {
       state.SkipWithError(cudaGetErrorString(err));

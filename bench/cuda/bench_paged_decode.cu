@@ -3,7 +3,9 @@
 // plus a page-size sweep (1 to 64). Pages are scattered at random over a cache of 4 M tokens,
 // filled through quantize_pages from random values, and small shapes rotate over disjoint page
 // sets so that no launch finds its keys in the 60 MB L2. Time per call comes from a back-to-back
-// loop of launches between two events (median of 7 loops).
+// loop of launches between two events (median of 7 loops). The paged_decode_graph rows capture
+// the same loop, planned with plan_decode_graph_safe, in a CUDA graph and time its replays, as an
+// engine that runs its decode step from a graph would see the kernel.
 //
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
 // memcpy of 1 GB from the same run, PyTorch SDPA on contiguous KV of the same shape when
@@ -151,9 +153,14 @@ cache_context* context_for(const std::string& name, std::int32_t page_size) {
   return c.get();
 }
 
+std::map<shape_key, double>& stream_seconds() { // bf16 per-call seconds of the stream loop
+  static std::map<shape_key, double> m;
+  return m;
+}
+
 template <class Layout>
 void BM_decode(benchmark::State& state, std::string codec, int batch, int len, int group,
-               int page_size) {
+               int page_size, bool graph = false) {
   if (!kvkit_bench::gpu_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -206,8 +213,14 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
-  const kvkit::decode_plan plan = *kvkit::plan_decode(
-      {batch, q_heads, kv_heads, head_dim, 0, kvkit::decode_kv_bits<Layout>}, lens, sms);
+  const kvkit::decode_shape shape{batch,    q_heads, kv_heads,
+                                  head_dim, 0,       kvkit::decode_kv_bits<Layout>};
+  const kvkit::decode_plan plan = graph ? *kvkit::plan_decode_graph_safe(shape, len, sms)
+                                        : *kvkit::plan_decode(shape, lens, sms);
+  cudaStream_t stream = nullptr;
+  if (graph) {
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  }
   std::byte* ws = nullptr;
   cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 16));
 
@@ -227,16 +240,52 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   const auto launch = [&] {
     const auto& a = args[static_cast<std::size_t>(next)];
     next = next + 1 == rotations ? 0 : next + 1;
-    return kvkit::cuda::paged_decode(a, plan, ws, plan.workspace_bytes(), nullptr);
+    return kvkit::cuda::paged_decode(a, plan, ws, plan.workspace_bytes(), stream);
   };
   // Calls per timed loop: about 2 ms of work, at least the rotation count.
   if (const cudaError_t e = launch(); e != cudaSuccess) {
     state.SkipWithError(cudaGetErrorString(e));
+    if (stream != nullptr) {
+      cudaStreamDestroy(stream);
+    }
     return;
   }
-  const double once = kvkit_bench::median_seconds([&] { (void)launch(); }, 5);
+  const double once = kvkit_bench::median_seconds([&] { (void)launch(); }, 5, stream);
   const int calls = std::max(rotations, static_cast<int>(std::clamp(2e-3 / once, 4.0, 400.0)));
-  std::vector<double> per_call = kvkit_bench::time_launches(state, launch, calls);
+  std::vector<double> per_call;
+  if (graph) {
+    // The same `calls` launches, captured once; each replay is timed and divided by `calls`.
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    cudaError_t err = cudaSuccess;
+    for (int c = 0; c < calls && err == cudaSuccess; ++c) {
+      err = launch();
+    }
+    const cudaError_t ended = cudaStreamEndCapture(stream, &g);
+    if (err == cudaSuccess) {
+      err = ended != cudaSuccess ? ended : cudaGraphInstantiate(&exec, g, 0);
+    }
+    if (err == cudaSuccess) {
+      cudaGraphLaunch(exec, stream); // warm-up replay
+      per_call = kvkit_bench::time_launches(
+          state, [&] { return cudaGraphLaunch(exec, stream); }, 1, stream);
+      for (double& t : per_call) {
+        t /= calls;
+      }
+    } else {
+      state.SkipWithError(cudaGetErrorString(err));
+    }
+    if (exec != nullptr) {
+      cudaGraphExecDestroy(exec);
+    }
+    if (g != nullptr) {
+      cudaGraphDestroy(g);
+    }
+    cudaStreamDestroy(stream);
+  } else {
+    per_call = kvkit_bench::time_launches(state, launch, calls);
+  }
   if (!per_call.empty()) {
     std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
     const double t = per_call[per_call.size() / 2];
@@ -260,8 +309,13 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
       state.counters["x_sdpa"] = sdpa->second / t; // > 1: faster than SDPA on contiguous KV
     }
     const shape_key key{batch, len, group, page_size};
-    if (codec == "bf16") {
+    if (graph) {
+      if (const auto loop = stream_seconds().find(key); loop != stream_seconds().end()) {
+        state.counters["x_stream"] = loop->second / t; // > 1: faster than the stream loop
+      }
+    } else if (codec == "bf16") {
       bf16_seconds()[key] = t;
+      stream_seconds()[key] = t;
     } else if (const auto base = bf16_seconds().find(key); base != bf16_seconds().end()) {
       state.counters["time_vs_bf16"] = t / base->second;
     }
@@ -303,6 +357,21 @@ void register_codec(const std::string& codec, const std::vector<int>& page_sizes
   }
 }
 
+// Graph replay of the small and mid shapes, after the stream rows of the same shapes.
+void register_graph_rows() {
+  using layout = kvkit::paged_layout<kvkit::bf16_codec>;
+  for (const auto& [b, l, g] : {std::tuple{1, 2048, 4}, std::tuple{1, 2048, 8},
+                                std::tuple{8, 8192, 4}, std::tuple{32, 2048, 4}}) {
+    const std::string name = "paged_decode_graph/bf16/B" + std::to_string(b) + "/L" +
+                             std::to_string(l) + "/g" + std::to_string(g) + "/p16";
+    benchmark::RegisterBenchmark(
+        name.c_str(), [=](benchmark::State& s) { BM_decode<layout>(s, "bf16", b, l, g, 16, true); })
+        ->UseManualTime()
+        ->Iterations(7)
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
+
 const bool registered = [] {
   using kvkit::paged_layout;
   register_codec<paged_layout<kvkit::bf16_codec>>("bf16", {16, 1, 8, 32, 64}, true);
@@ -311,6 +380,7 @@ const bool registered = [] {
   register_codec<paged_layout<kvkit::fp8_e4m3_codec>>("fp8_e4m3", {16, 1, 64}, true);
   register_codec<paged_layout<kvkit::int8_codec>>("int8", {16}, false);
   register_codec<paged_layout<kvkit::int4_group_codec<32>>>("int4_g32", {16, 1, 64}, true);
+  register_graph_rows();
   return true;
 }();
 
