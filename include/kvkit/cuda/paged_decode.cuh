@@ -606,32 +606,41 @@ __global__ void __launch_bounds__(
     const std::byte* k_row = nullptr; // the key's K and V rows of head h; null when outside
     const std::byte* v_row = nullptr; // (set only when K and V codes differ in width)
   };
-  const auto locate = [&](std::int32_t t, key_loc& loc) {
+  // The page id and slot of this lane's key of tile t (slot -1 and page -1 outside the range): a
+  // read without a branch around it, so that the reads of several tiles can be in flight together.
+  const auto page_of = [&](std::int32_t t, std::int32_t& slot) -> std::int32_t {
     const std::int32_t tok = c0 + (warp + decode_warps * t) * 16 + (lane & 15);
-    std::int32_t& page = loc.page;
-    std::int32_t& slot = loc.slot;
-    page = -1;
-    slot = 0;
+    const bool inside = t < my_tiles && tok < c1;
+    std::uint32_t pi = 0;
+    std::uint32_t off = 0;
+    p.page_div.divmod(static_cast<std::uint32_t>(tok), pi, off);
+    slot = inside ? static_cast<std::int32_t>(off) : -1;
+    return inside ? __ldg(p.table.indices + first_page + static_cast<std::int32_t>(pi)) : -1;
+  };
+  // The key's rows from its page id and slot (and, in debug mode, the check of the id).
+  const auto place = [&](std::int32_t page, std::int32_t slot, key_loc& loc) {
+    const bool inside = slot >= 0;
+    if (inside && p.page_check != nullptr && (page < 0 || page >= p.capacity)) {
+      atomicExch(p.page_check, 1);
+      page = -1;
+    }
+    loc.page = inside ? page : -1;
+    loc.slot = inside ? slot : 0;
+    page = loc.page;
     loc.k_row = nullptr;
     loc.v_row = nullptr;
-    if (t < my_tiles && tok < c1) {
-      std::uint32_t pi = 0;
-      std::uint32_t off = 0;
-      p.page_div.divmod(static_cast<std::uint32_t>(tok), pi, off);
-      page = __ldg(p.table.indices + first_page + static_cast<std::int32_t>(pi));
-      slot = static_cast<std::int32_t>(off);
-      if (p.page_check != nullptr && (page < 0 || page >= p.capacity)) {
-        atomicExch(p.page_check, 1);
-        page = -1;
-      }
-      if (page >= 0) {
-        const std::byte* const pb = p.cache + static_cast<std::int64_t>(page) * p.page_bytes;
-        loc.k_row = pb + layout.k_data_offset() + layout.element_index(slot, h, 0) * kf::bits / 8;
-        if constexpr (kf::bits != vf::bits) {
-          loc.v_row = pb + layout.v_data_offset() + layout.element_index(slot, h, 0) * vf::bits / 8;
-        }
+    if (page >= 0) {
+      const std::byte* const pb = p.cache + static_cast<std::int64_t>(page) * p.page_bytes;
+      loc.k_row = pb + layout.k_data_offset() + layout.element_index(slot, h, 0) * kf::bits / 8;
+      if constexpr (kf::bits != vf::bits) {
+        loc.v_row = pb + layout.v_data_offset() + layout.element_index(slot, h, 0) * vf::bits / 8;
       }
     }
+  };
+  const auto locate = [&](std::int32_t t, key_loc& loc) {
+    std::int32_t slot = 0;
+    const std::int32_t page = page_of(t, slot);
+    place(page, slot, loc);
   };
 
   const std::int64_t kv_gap = layout.v_data_offset() - layout.k_data_offset();
@@ -713,18 +722,26 @@ __global__ void __launch_bounds__(
     }
   };
 
-  // Prologue: the first stages-1 tiles in flight, the next tile's pages located.
+  // Prologue: the page ids of the first `stages` tiles read together (one round trip to memory,
+  // not one per tile: the copies' asm orders every later read after them), then the first
+  // stages-1 tiles in flight, and the next tile's pages located.
+  std::int32_t first_ids[stages];
+  std::int32_t first_slots[stages];
+#pragma unroll
+  for (int t = 0; t < stages; ++t) {
+    first_ids[t] = page_of(t, first_slots[t]);
+  }
 #pragma unroll
   for (int t = 0; t < stages - 1; ++t) {
     key_loc loc;
-    locate(t, loc);
+    place(first_ids[t], first_slots[t], loc);
     if (t < my_tiles) {
       issue(t, loc);
     }
     cp_async_commit();
   }
   key_loc next;
-  locate(stages - 1, next);
+  place(first_ids[stages - 1], first_slots[stages - 1], next);
 
   // The queries as K-side operands: head tile nt, row g, slots of this thread's channels.
   std::uint32_t qf[NT][D / 8];
