@@ -20,7 +20,9 @@ def main() -> int:
         return 2
     group = sys.argv[3] if len(sys.argv) > 3 else "8"
     with open(sys.argv[2]) as f:
-        runs = json.load(f)["benchmarks"]
+        data = json.load(f)
+    runs = data["benchmarks"]
+    day = data.get("context", {}).get("date", "")[:10]
     rows = {}
     for r in runs:
         parts = r["name"].split("/")
@@ -44,7 +46,7 @@ def main() -> int:
     ax.axhline(memcpy, color="grey", linestyle=":", label=f"device memcpy ({memcpy:.2f} TB/s)")
     ax.axhline(4.5, color="red", linestyle="-.", linewidth=0.8, label="target, B*L >= 256k")
     ax.set_ylabel("effective TB/s")
-    ax.set_title(f"paged_decode on an NVIDIA H200, 2026-11-30: 8 KV heads x 128, group {group}, "
+    ax.set_title(f"paged_decode on an NVIDIA H200, {day}: 8 KV heads x 128, group {group}, "
                  "page 16, pages scattered")
     ax.legend(fontsize=8, ncol=2)
     ax.grid(alpha=0.3)
