@@ -61,8 +61,9 @@ TEST_CASE("xxh3_hasher is deterministic and sensitive to every input", "[prefix_
 
 TEST_CASE("xxh3_hasher keys follow the construction at every block size",
           "[prefix_cache][hasher]") {
-  // 8- and 16-token blocks are hashed from registers, blocks of up to 256 tokens through a
-  // buffer, longer ones and any extra bytes through xxHash's streaming state: all must agree.
+  // 8-, 16- and 32-token blocks are hashed from registers, other blocks of up to 256 tokens
+  // through a buffer, longer ones and any extra bytes through xxHash's streaming state: all must
+  // agree.
   const kvkit::xxh3_hasher h;
   std::vector<token_id> tokens(300);
   for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -81,25 +82,27 @@ TEST_CASE("xxh3_hasher keys follow the construction at every block size",
 
 TEST_CASE("xxh3_hasher's register path is XXH3-128 for any parent and tokens",
           "[prefix_cache][hasher]") {
-  // The parent key enters the hash from registers at 8 and 16 tokens a block; random parents and
-  // tokens, the all-zero root parent and a parent with every bit set must all give xxHash's key.
+  // The parent key enters the hash from registers at 8, 16 and 32 tokens a block; random parents
+  // and tokens, the all-zero root parent and a parent with every bit set must all give xxHash's
+  // key.
   const kvkit::xxh3_hasher h;
   const std::uint64_t seed = kvkit_test::test_seed(5);
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  std::array<token_id, 16> tokens{};
+  std::array<token_id, 32> tokens{};
+  constexpr std::array<std::size_t, 3> sizes{8, 16, 32};
   int differ = 0;
-  for (int round = 0; round < 4000; ++round) {
+  for (int round = 0; round < 6000; ++round) {
     for (auto& t : tokens) {
       t = static_cast<token_id>(rng());
     }
     block_key parent{rng(), rng()};
-    if (round < 2) {
+    if (round < 3) {
       parent = block_key{};
-    } else if (round < 4) {
+    } else if (round < 6) {
       parent = block_key{~std::uint64_t{0}, ~std::uint64_t{0}};
     }
-    const auto blk = std::span<const token_id>(tokens).first(round % 2 == 0 ? 16 : 8);
+    const auto blk = std::span<const token_id>(tokens).first(sizes[round % sizes.size()]);
     differ += h(parent, blk, {}) == concatenated(parent, blk, {}) ? 0 : 1;
   }
   CHECK(differ == 0);

@@ -66,28 +66,18 @@ private:
                                                     const std::uint8_t* t) noexcept {
     constexpr std::size_t len = key_bytes + Bytes;
     static_assert(Bytes == 16 || (Bytes >= 32 && len <= 128));
-    const auto at = [t](std::size_t offset) {
-      return t + (offset - key_bytes);
-    };
     const std::uint8_t* secret = XXH3_kSecret;
     XXH128_hash_t acc{len * XXH_PRIME64_1, 0};
     if constexpr (len > 32) {
       if constexpr (len > 64) {
         if constexpr (len > 96) {
-          acc = XXH128_mix32B(acc, at(48), at(len - 64), secret + 96, 0);
+          acc = XXH128_mix32B(acc, at(t, 48), at(t, len - 64), secret + 96, 0);
         }
-        acc = XXH128_mix32B(acc, at(32), at(len - 48), secret + 64, 0);
+        acc = XXH128_mix32B(acc, at(t, 32), at(t, len - 48), secret + 64, 0);
       }
-      acc = XXH128_mix32B(acc, at(16), at(len - 32), secret + 32, 0);
+      acc = XXH128_mix32B(acc, at(t, 16), at(t, len - 32), secret + 32, 0);
     }
-    // XXH128_mix32B(acc, parent, last 16 bytes, secret, 0).
-    const std::uint8_t* last = at(len - 16);
-    acc.low64 +=
-        XXH3_mul128_fold64(parent.lo ^ XXH_readLE64(secret), parent.hi ^ XXH_readLE64(secret + 8));
-    acc.low64 ^= XXH_readLE64(last) + XXH_readLE64(last + 8);
-    acc.high64 += XXH3_mix16B(last, secret + 16, 0);
-    acc.high64 ^= parent.lo + parent.hi;
-    return finish(acc, len);
+    return finish(mix_parent(acc, parent, at(t, len - 16)), len);
   }
 
   // The same through xxHash's 129-to-240-byte path, where the parent enters the first round.
@@ -97,29 +87,39 @@ private:
     constexpr std::size_t len = key_bytes + Bytes;
     static_assert(len > 128 && len <= XXH3_MIDSIZE_MAX);
     constexpr std::size_t rounds = len / 32;
-    const auto at = [t](std::size_t offset) {
-      return t + (offset - key_bytes);
-    };
     const std::uint8_t* secret = XXH3_kSecret;
-    XXH128_hash_t acc{len * XXH_PRIME64_1, 0};
-    // XXH128_mix32B(acc, parent, bytes 16-31, secret, 0).
-    acc.low64 +=
-        XXH3_mul128_fold64(parent.lo ^ XXH_readLE64(secret), parent.hi ^ XXH_readLE64(secret + 8));
-    acc.low64 ^= XXH_readLE64(at(16)) + XXH_readLE64(at(24));
-    acc.high64 += XXH3_mix16B(at(16), secret + 16, 0);
-    acc.high64 ^= parent.lo + parent.hi;
+    XXH128_hash_t acc = mix_parent(XXH128_hash_t{len * XXH_PRIME64_1, 0}, parent, at(t, 16));
     for (std::size_t i = 1; i < 4; ++i) {
-      acc = XXH128_mix32B(acc, at(32 * i), at(32 * i + 16), secret + 32 * i, 0);
+      acc = XXH128_mix32B(acc, at(t, 32 * i), at(t, 32 * i + 16), secret + 32 * i, 0);
     }
     acc.low64 = XXH3_avalanche(acc.low64);
     acc.high64 = XXH3_avalanche(acc.high64);
     for (std::size_t i = 4; i < rounds; ++i) {
-      acc = XXH128_mix32B(acc, at(32 * i), at(32 * i + 16),
+      acc = XXH128_mix32B(acc, at(t, 32 * i), at(t, 32 * i + 16),
                           secret + XXH3_MIDSIZE_STARTOFFSET + 32 * (i - 4), 0);
     }
-    acc = XXH128_mix32B(acc, at(len - 16), at(len - 32),
+    acc = XXH128_mix32B(acc, at(t, len - 16), at(t, len - 32),
                         secret + XXH3_SECRET_SIZE_MIN - XXH3_MIDSIZE_LASTOFFSET - 16, 0);
     return finish(acc, len);
+  }
+
+  // Byte `offset` of `parent | tokens` whose tokens start at `t`; only offsets of the tokens.
+  KVKIT_ALWAYS_INLINE static const std::uint8_t* at(const std::uint8_t* t,
+                                                    std::size_t offset) noexcept {
+    return t + (offset - key_bytes);
+  }
+
+  // XXH128_mix32B(acc, parent, the 16 bytes at `other`, secret, 0) with the parent in registers:
+  // the one round of either path that reads the parent.
+  KVKIT_ALWAYS_INLINE static XXH128_hash_t mix_parent(XXH128_hash_t acc, const block_key& parent,
+                                                      const std::uint8_t* other) noexcept {
+    const std::uint8_t* secret = XXH3_kSecret;
+    acc.low64 +=
+        XXH3_mul128_fold64(parent.lo ^ XXH_readLE64(secret), parent.hi ^ XXH_readLE64(secret + 8));
+    acc.low64 ^= XXH_readLE64(other) + XXH_readLE64(other + 8);
+    acc.high64 += XXH3_mix16B(other, secret + 16, 0);
+    acc.high64 ^= parent.lo + parent.hi;
+    return acc;
   }
 
   static block_key finish(const XXH128_hash_t& acc, std::uint64_t len) noexcept {
