@@ -3,7 +3,6 @@
 // and multi-turn chats beside the hit rate of an unbounded cache on the same trace.
 
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 #include <random>
 #include <set>
@@ -83,12 +82,11 @@ void BM_prefix_probe_full_hit(benchmark::State& state) {
   std::int32_t per_probe = 0;
   std::vector<double> seconds;
   for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    const auto m = w.cache.probe(w.prompt);
-    benchmark::DoNotOptimize(m);
-    const auto stop = std::chrono::steady_clock::now();
-    seconds.push_back(std::chrono::duration<double>(stop - start).count());
-    state.SetIterationTime(seconds.back());
+    const auto m = kvkit_bench::timed_iteration(state, seconds, [&] {
+      const auto found = w.cache.probe(w.prompt);
+      benchmark::DoNotOptimize(found);
+      return found;
+    });
     tokens += m.num_tokens;
     per_probe = m.num_tokens;
   }
@@ -110,11 +108,8 @@ void BM_prefix_match_full_hit(benchmark::State& state) {
   std::int32_t per_match = 0;
   std::vector<double> seconds;
   for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    const auto m = w.cache.match(2, w.prompt, {}, w.out);
-    const auto stop = std::chrono::steady_clock::now();
-    seconds.push_back(std::chrono::duration<double>(stop - start).count());
-    state.SetIterationTime(seconds.back());
+    const auto m = kvkit_bench::timed_iteration(
+        state, seconds, [&] { return w.cache.match(2, w.prompt, {}, w.out); });
     tokens += m->num_tokens;
     per_match = m->num_tokens;
     for (std::int32_t i = m->num_blocks; i-- > 0;) {

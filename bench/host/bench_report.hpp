@@ -19,6 +19,18 @@ inline void report_rate_target(benchmark::State& state, double items, double tar
   state.counters["x_target"] = benchmark::Counter(items / target_rate, benchmark::Counter::kIsRate);
 }
 
+// One iteration of a benchmark timed by hand (UseManualTime): runs `fn`, reports its wall time as
+// the iteration's time, appends it to `seconds` and returns what `fn` returned.
+template <class F>
+auto timed_iteration(benchmark::State& state, std::vector<double>& seconds, F&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  auto result = fn();
+  const auto stop = std::chrono::steady_clock::now();
+  seconds.push_back(std::chrono::duration<double>(stop - start).count());
+  state.SetIterationTime(seconds.back());
+  return result;
+}
+
 // Reports, beside Google Benchmark's mean, the rate at the median of `seconds` (the wall time of
 // each iteration, timed by hand) and its ratio to `target_rate`. On a shared machine, work of other
 // tenants lands in some iterations and pulls the mean down; the median shows the code's own speed.
