@@ -617,16 +617,16 @@ __global__ void __launch_bounds__(
     slot = inside ? static_cast<std::int32_t>(off) : -1;
     return inside ? __ldg(p.table.indices + first_page + static_cast<std::int32_t>(pi)) : -1;
   };
-  // The key's rows from its page id and slot (and, in debug mode, the check of the id).
+  // The key's rows from its page id and slot as page_of gives them (and, in debug mode, the
+  // check of an id inside the range).
   const auto place = [&](std::int32_t page, std::int32_t slot, key_loc& loc) {
     const bool inside = slot >= 0;
     if (inside && p.page_check != nullptr && (page < 0 || page >= p.capacity)) {
       atomicExch(p.page_check, 1);
       page = -1;
     }
-    loc.page = inside ? page : -1;
+    loc.page = page;
     loc.slot = inside ? slot : 0;
-    page = loc.page;
     loc.k_row = nullptr;
     loc.v_row = nullptr;
     if (page >= 0) {
