@@ -105,6 +105,40 @@ TEST_CASE("extra bytes separate otherwise equal prefixes", "[prefix_cache]") {
   CHECK(cache.probe(other, lora_a).num_tokens == 0);
 }
 
+TEST_CASE("equal blocks after different prefixes are separate entries", "[prefix_cache]") {
+  block_pool pool(32);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  // The same two blocks (and last token) after two different first blocks.
+  const auto tail = concat(concat(iota_tokens(4, 100), iota_tokens(4, 200)), {7});
+  const auto a = concat(iota_tokens(4, 1), tail);
+  const auto b = concat(iota_tokens(4, 50), tail);
+  REQUIRE(cache.admit(table, 1, a).ok());
+  CHECK(*cache.publish(1, *table.blocks(1), a) == 3);
+  const auto hit_b = cache.admit(table, 2, b);
+  REQUIRE(hit_b.ok());
+  CHECK(hit_b->hit.num_tokens == 0);
+  CHECK(*cache.publish(2, *table.blocks(2), b) == 3); // its own copies of the equal blocks
+  CHECK(cache.num_entries() == 6);
+
+  // Each prompt finds its own chain, block for block.
+  for (const auto& [prompt, owner] : {std::pair{a, seq_id{1}}, std::pair{b, seq_id{2}}}) {
+    std::vector<block_id> out(static_cast<std::size_t>(cache.max_match_blocks(13)));
+    const auto m = cache.match(10 + owner, prompt, {}, out);
+    REQUIRE(m.ok());
+    CHECK(m->num_blocks == 3);
+    const auto held = blocks_of(table, owner);
+    CHECK(std::vector<block_id>(out.begin(), out.begin() + 3) ==
+          std::vector<block_id>(held.begin(), held.begin() + 3));
+    for (std::int32_t i = 0; i < m->num_blocks; ++i) {
+      REQUIRE(pool.release(out[static_cast<std::size_t>(i)]).ok());
+    }
+    REQUIRE(cache.forget(10 + owner).ok());
+  }
+  // The equal blocks alone, after neither first block, find nothing.
+  CHECK(cache.probe(concat(iota_tokens(4, 9), tail)).num_tokens == 0);
+}
+
 TEST_CASE("released cached blocks stay evictable and are reclaimed tail first", "[prefix_cache]") {
   block_pool pool(8);
   table_t table(pool, 4);

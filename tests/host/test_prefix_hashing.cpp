@@ -4,6 +4,7 @@
 #include <map>
 #include <random>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -124,42 +125,74 @@ TEST_CASE("eviction policies map hints to levels", "[prefix_cache][eviction]") {
   CHECK(kvkit::retention_priority(50).num_levels() == 8);
 }
 
-TEST_CASE("key_map agrees with std::map under random inserts and erases",
-          "[prefix_cache][key_map]") {
-  const std::uint64_t seed = kvkit_test::test_seed(99);
+namespace {
+
+// Random inserts, erases and lookups on `Map` against std::map; `make` turns a number into a key
+// whose slot index has few distinct values (long probe runs and wrap-around, the hard cases of
+// backward shifting), and each value carries a payload made from it.
+template <class Map, class Make>
+void check_against_std_map(std::uint64_t seed, Make make) {
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
   constexpr std::size_t max_entries = 300;
-  kvkit::detail::key_map map(max_entries);
-  std::map<std::pair<std::uint64_t, std::uint64_t>, kvkit::block_id> model;
-  // Few distinct low bits force long probe runs and wrap-around, the hard cases of shifting.
-  const auto key_of = [](std::uint64_t r) {
-    return block_key{(r % 4096) * 0x9E37u, r / 4096};
+  Map map(max_entries);
+  std::map<std::uint64_t, kvkit::block_id> model;
+  const auto payload_of = [](kvkit::block_id v) {
+    if constexpr (std::is_same_v<Map, kvkit::detail::child_map>) {
+      return block_key{static_cast<std::uint64_t>(v) * 3, static_cast<std::uint64_t>(v) + 1};
+    } else {
+      return kvkit::detail::no_payload{};
+    }
   };
   for (int step = 0; step < 200000; ++step) {
-    const block_key k = key_of(rng() % 20000);
-    const auto mk = std::make_pair(k.lo, k.hi);
+    const std::uint64_t r = rng() % 20000;
+    const auto k = make(r);
     const auto op = rng() % 3;
     if (op == 0 && model.size() < max_entries) {
       const auto v = static_cast<kvkit::block_id>(rng() % 1000);
-      map.assign(k, v);
-      model[mk] = v;
+      map.assign(k, v, payload_of(v));
+      model[r] = v;
     } else if (op == 1) {
-      CHECK(map.erase(k) == (model.erase(mk) == 1));
+      CHECK(map.erase(k) == (model.erase(r) == 1));
     } else {
-      const auto it = model.find(mk);
+      const auto it = model.find(r);
       const kvkit::block_id want = it == model.end() ? kvkit::invalid_block_id : it->second;
-      if (map.find(k) != want) {
+      const auto* s = map.lookup(k);
+      if ((s == nullptr ? kvkit::invalid_block_id : s->value) != want || map.find(k) != want) {
         FAIL("lookup mismatch at step " << step);
+      }
+      if constexpr (std::is_same_v<Map, kvkit::detail::child_map>) {
+        if (s != nullptr && !(s->payload == payload_of(want))) {
+          FAIL("payload mismatch at step " << step);
+        }
       }
     }
     if (map.size() != model.size()) {
       FAIL("size mismatch at step " << step);
     }
   }
-  for (const auto& [mk, v] : model) {
-    CHECK(map.find(block_key{mk.first, mk.second}) == v);
+  for (const auto& [r, v] : model) {
+    CHECK(map.find(make(r)) == v);
   }
   map.clear();
   CHECK(map.size() == 0);
+}
+
+} // namespace
+
+TEST_CASE("key_map agrees with std::map under random inserts and erases",
+          "[prefix_cache][key_map]") {
+  check_against_std_map<kvkit::detail::key_map>(kvkit_test::test_seed(99), [](std::uint64_t r) {
+    return block_key{(r % 4096) * 0x9E37U, r / 4096};
+  });
+}
+
+TEST_CASE("child_map agrees with std::map and keeps each payload", "[prefix_cache][key_map]") {
+  // Keys differ in the parent, the content or both; a content under every parent has the same
+  // slot index.
+  check_against_std_map<kvkit::detail::child_map>(kvkit_test::test_seed(98), [](std::uint64_t r) {
+    const std::uint64_t parent = r % 7;
+    return kvkit::detail::child_key{block_key{parent * 0x100, parent},
+                                    (r / 7) * 0x9E37U ^ parent * 0x100};
+  });
 }

@@ -77,8 +77,10 @@ struct admission {
 //! A full block's key chains its tokens onto the key of everything before it,
 //! `key_i = H(key_{i-1}, tokens of block i)`, starting from a root key `H(0, -, extra bytes)`, so
 //! equal keys mean equal prefixes under equal extra bytes (LoRA id, salt, multimodal hashes).
-//! Blocks become matchable as they fill (`publish`); a match walks the prompt block by block and
-//! takes a reference to each hit. The cache itself holds no references: a published block whose
+//! Blocks become matchable as they fill (`publish`, which computes their keys); a match walks the
+//! prompt block by block, finding each block by its parent's key and an XXH3-64 hash of its
+//! tokens (so it computes no chained key: it takes each hit's stored key), and takes a reference
+//! to each hit. The cache itself holds no references: a published block whose
 //! last holder releases it stays in the pool as evictable, ordered by the eviction policy, until
 //! the pool hands it out again and tells the cache to drop its key (lazy eviction).
 //!
@@ -102,6 +104,7 @@ public:
         entries_(static_cast<std::size_t>(pool.capacity())),
         tokens_(static_cast<std::size_t>(pool.capacity()) * static_cast<std::size_t>(block_size_)),
         full_(static_cast<std::size_t>(pool.capacity())),
+        next_(static_cast<std::size_t>(pool.capacity())),
         children_(options.share_partial_blocks ? static_cast<std::size_t>(pool.capacity()) : 0) {
     assert(block_size > 0);
     assert(pool.eviction_context() == nullptr); // one cache per pool
@@ -358,7 +361,8 @@ private:
   struct entry {
     block_key key{};
     block_key parent{};
-    std::int32_t len = 0; // tokens it covers; 0 when the block is not published
+    std::uint64_t content = 0; // hash of its tokens (full blocks)
+    std::int32_t len = 0;      // tokens it covers; 0 when the block is not published
     block_id prev_sibling = invalid_block_id;
     block_id next_sibling = invalid_block_id;
   };
@@ -439,12 +443,15 @@ private:
     const std::size_t bs = BlockSize != 0 ? BlockSize : static_cast<std::size_t>(block_size_);
     const auto limit = static_cast<std::int32_t>(tokens.size()) - 1; // keep the last token
     const std::int32_t max_full = limit / block_size_;
-    // A chunk of keys is hashed first (a serial chain of pure compute), then they are looked up
-    // and verified in order (lookups of different blocks do not wait for each other, so their
-    // cache misses overlap). Chunks start small so a miss near the start wastes little hashing,
-    // and grow to amortize.
+    // A block is found among the children of the prefix before it by the hash of its tokens
+    // alone, and its stored key is the parent of the next: the walk computes no chained key.
+    // The tokens' hashes of a chunk of blocks are independent, so they are computed first, side
+    // by side; then the chunk's blocks are looked up in order, each lookup waiting only for the
+    // slot before it. Chunks start small so a miss near the start wastes little hashing, and
+    // grow to amortize.
     constexpr std::int32_t max_chunk = 32;
-    block_key ahead[max_chunk];
+    std::uint64_t ahead[max_chunk];
+    [[maybe_unused]] block_key found[Take ? max_chunk : 1]; // the chunk's keys, for `keys`
     block_key parent = root;
     std::int32_t i = 0;
     std::int32_t chunk = 4;
@@ -453,31 +460,27 @@ private:
       const std::int32_t n = std::min(chunk, max_full - i);
       chunk = std::min(2 * chunk, max_chunk);
       const token_id* first = tokens.data() + static_cast<std::size_t>(i) * bs;
-      block_key k = parent;
       for (std::int32_t j = 0; j < n; ++j) {
-        k = hasher_(k, {first + static_cast<std::size_t>(j) * bs, bs}, {});
-        ahead[j] = k;
+        ahead[j] = detail::content_hash<BlockSize>(first + static_cast<std::size_t>(j) * bs, bs);
       }
       std::int32_t j = 0;
       for (; j < n; ++j) {
-        const block_id b = full_.find(ahead[j]);
-        if (b == invalid_block_id || !holds(b, j == 0 ? parent : ahead[j - 1],
-                                            first + static_cast<std::size_t>(j) * bs, bs)) {
+        const auto* s = next_.lookup(detail::child_key{parent, ahead[j]});
+        if (s == nullptr || !same_tokens(s->value, first + static_cast<std::size_t>(j) * bs, bs)) {
           hit = false;
           break;
         }
+        parent = s->payload;
         if constexpr (Take) {
-          out[i + j] = b;
-          take(b);
+          out[i + j] = s->value;
+          take(s->value);
+          found[j] = parent;
         } else {
-          m.num_evictable += pool_->ref_count(b) == 0 ? 1 : 0;
+          m.num_evictable += pool_->ref_count(s->value) == 0 ? 1 : 0;
         }
       }
       if constexpr (Take) {
-        keys->insert(keys->end(), ahead, ahead + j);
-      }
-      if (j > 0) {
-        parent = ahead[j - 1];
+        keys->insert(keys->end(), found, found + j);
       }
       i += j;
     }
@@ -516,12 +519,14 @@ private:
 
   // Whether entry `b` is the block after prefix `parent` holding exactly the block of tokens at
   // `blk`.
-  // `bs` is block_size_, passed in so that a walk for a fixed block size compares a fixed length.
   [[nodiscard]] bool holds(block_id b, const block_key& parent, const token_id* blk,
                            std::size_t bs) const noexcept {
-    if (!(entries_[static_cast<std::size_t>(b)].parent == parent)) {
-      return false;
-    }
+    return entries_[static_cast<std::size_t>(b)].parent == parent && same_tokens(b, blk, bs);
+  }
+
+  // Whether entry `b` holds exactly the block of tokens at `blk`. `bs` is block_size_, passed in
+  // so that a walk for a fixed block size compares a fixed length.
+  [[nodiscard]] bool same_tokens(block_id b, const token_id* blk, std::size_t bs) const noexcept {
     const token_id* held = tokens_.data() + static_cast<std::size_t>(b) * bs;
     return std::memcmp(held, blk, bs * sizeof(token_id)) == 0;
   }
@@ -556,17 +561,20 @@ private:
         q.collided = true;
       }
       if (!q.collided) {
-        stored +=
-            store(blocks[i], k, parent, blk, level_of(q, static_cast<std::int32_t>(i))) ? 1 : 0;
+        stored += store(blocks[i], k, parent, blk, level_of(q, static_cast<std::int32_t>(i)),
+                        detail::content_hash(blk.data(), bs))
+                      ? 1
+                      : 0;
       }
     }
     return stored;
   }
 
-  // Publishes block `b` as holding `toks` after prefix `parent`. False when `b` is published
-  // already or another block holds the same content.
+  // Publishes block `b` as holding `toks` after prefix `parent`; `content` is the tokens' hash for
+  // a full block. False when `b` is published already, another block holds the same content, or
+  // (for a full block) another child of `parent` has the same content hash.
   bool store(block_id b, const block_key& key, const block_key& parent,
-             std::span<const token_id> toks, std::int32_t level) {
+             std::span<const token_id> toks, std::int32_t level, std::uint64_t content = 0) {
     entry& e = entries_[static_cast<std::size_t>(b)];
     const auto len = static_cast<std::int32_t>(toks.size());
     if (e.len != 0) {
@@ -578,7 +586,8 @@ private:
     }
     const bool full = len == block_size_;
     if (full) {
-      if (full_.find(key) != invalid_block_id) {
+      if (full_.find(key) != invalid_block_id ||
+          next_.find(detail::child_key{parent, content}) != invalid_block_id) {
         return false;
       }
     } else {
@@ -593,9 +602,11 @@ private:
     assert(marked.ok());
     if (full) {
       full_.assign(key, b);
+      next_.assign(detail::child_key{parent, content}, b, key);
     }
     e.key = key;
     e.parent = parent;
+    e.content = content;
     e.len = len;
     std::copy(toks.begin(), toks.end(),
               tokens_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b) *
@@ -620,8 +631,13 @@ private:
   // Removes block `b`'s entry from the indexes; the pool mark is the caller's business.
   void remove_entry(block_id b) {
     entry& e = entries_[static_cast<std::size_t>(b)];
-    if (e.len == block_size_ && full_.find(e.key) == b) {
-      full_.erase(e.key);
+    if (e.len == block_size_) {
+      if (full_.find(e.key) == b) {
+        full_.erase(e.key);
+      }
+      if (const detail::child_key c{e.parent, e.content}; next_.find(c) == b) {
+        next_.erase(c);
+      }
     }
     if (options_.share_partial_blocks) {
       if (e.prev_sibling != invalid_block_id) {
@@ -671,6 +687,7 @@ private:
   std::vector<entry> entries_;   // [capacity], by block id
   std::vector<token_id> tokens_; // [capacity][block_size], the tokens each entry covers
   detail::key_map full_;         // key of a full block -> block
+  detail::child_map next_;       // (parent key, content hash) of a full block -> block, its key
   detail::key_map children_;     // parent key -> first entry of its sibling list (partial option)
   std::unordered_map<seq_id, sequence> seqs_;
   std::vector<block_id> scratch_; // admit's match buffer

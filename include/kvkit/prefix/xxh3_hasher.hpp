@@ -156,4 +156,17 @@ private:
 
 static_assert(block_hasher<xxh3_hasher>);
 
+namespace detail {
+
+// XXH3-64 (unseeded) of `count` token ids' bytes: how prefix_cache finds a block among the
+// children of its prefix. `Count` fixes the length at compile time (0: use `count`), so that
+// xxHash's length dispatch folds away for the usual block sizes.
+template <std::size_t Count = 0>
+KVKIT_ALWAYS_INLINE std::uint64_t content_hash(const token_id* tokens,
+                                               std::size_t count = Count) noexcept {
+  return XXH3_64bits(tokens, (Count != 0 ? Count : count) * sizeof(token_id));
+}
+
+} // namespace detail
+
 } // namespace kvkit

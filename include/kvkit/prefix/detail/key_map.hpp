@@ -1,7 +1,7 @@
 #pragma once
-// A fixed-capacity open-addressing map from block_key to block_id: linear probing with
+// Fixed-capacity open-addressing maps from hash-derived keys to block ids: linear probing with
 // backward-shift deletion (no tombstones), sized once so lookups never rehash or allocate.
-// Keys are hash outputs, so their low bits are already uniform and serve as the slot index.
+// Keys come from hashes, so a few of their bits already serve as a uniform slot index.
 
 #include <algorithm>
 #include <bit>
@@ -11,39 +11,71 @@
 
 #include "kvkit/block/types.hpp"
 #include "kvkit/concepts/block_hasher.hpp"
+#include "kvkit/config.hpp"
 
 namespace kvkit::detail {
 
-class key_map {
+// A block's place in a chain: the key of the prefix before it and a 64-bit hash of its tokens.
+struct child_key {
+  block_key parent{};
+  std::uint64_t content = 0;
+  friend constexpr bool operator==(const child_key&, const child_key&) = default;
+};
+
+[[nodiscard]] constexpr std::uint64_t slot_hash(const block_key& k) noexcept {
+  return k.lo;
+}
+[[nodiscard]] constexpr std::uint64_t slot_hash(const child_key& k) noexcept {
+  return k.content ^ k.parent.lo;
+}
+
+struct no_payload {};
+
+// Key -> (block id, Payload). `Payload` rides along with the id so a lookup that needs both
+// touches one slot.
+template <class Key, class Payload = no_payload>
+class basic_key_map {
 public:
+  struct slot {
+    Key key{};
+    block_id value = invalid_block_id; // invalid_block_id marks an empty slot
+    [[no_unique_address]] Payload payload{};
+  };
+
   // Room for `max_entries` keys at a load factor of at most 1/2.
-  explicit key_map(std::size_t max_entries)
+  explicit basic_key_map(std::size_t max_entries)
       : slots_(std::bit_ceil(std::max<std::size_t>(16, 2 * max_entries))),
         mask_(slots_.size() - 1) {}
 
-  [[nodiscard]] block_id find(const block_key& key) const noexcept {
+  // The slot holding `key`, or null.
+  KVKIT_ALWAYS_INLINE const slot* lookup(const Key& key) const noexcept {
     for (std::size_t i = home(key);; i = (i + 1) & mask_) {
       const slot& s = slots_[i];
       if (s.value == invalid_block_id) {
-        return invalid_block_id;
+        return nullptr;
       }
       if (s.key == key) {
-        return s.value;
+        return &s;
       }
     }
   }
 
+  [[nodiscard]] block_id find(const Key& key) const noexcept {
+    const slot* s = lookup(key);
+    return s == nullptr ? invalid_block_id : s->value;
+  }
+
   // Inserts or overwrites. The caller keeps the entry count within max_entries.
-  void assign(const block_key& key, block_id value) noexcept {
+  void assign(const Key& key, block_id value, const Payload& payload = {}) noexcept {
     std::size_t i = home(key);
     while (slots_[i].value != invalid_block_id && !(slots_[i].key == key)) {
       i = (i + 1) & mask_;
     }
     size_ += slots_[i].value == invalid_block_id ? 1U : 0U;
-    slots_[i] = slot{key, value};
+    slots_[i] = slot{key, value, payload};
   }
 
-  bool erase(const block_key& key) noexcept {
+  bool erase(const Key& key) noexcept {
     std::size_t i = home(key);
     for (;; i = (i + 1) & mask_) {
       if (slots_[i].value == invalid_block_id) {
@@ -78,18 +110,18 @@ public:
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
 private:
-  struct slot {
-    block_key key{};
-    block_id value = invalid_block_id; // invalid_block_id marks an empty slot
-  };
-
-  [[nodiscard]] std::size_t home(const block_key& key) const noexcept {
-    return static_cast<std::size_t>(key.lo) & mask_;
+  [[nodiscard]] std::size_t home(const Key& key) const noexcept {
+    return static_cast<std::size_t>(slot_hash(key)) & mask_;
   }
 
   std::vector<slot> slots_;
   std::size_t mask_;
   std::size_t size_ = 0;
 };
+
+// block_key -> block id.
+using key_map = basic_key_map<block_key>;
+// (parent key, content hash) -> block id and the block's own key.
+using child_map = basic_key_map<child_key, block_key>;
 
 } // namespace kvkit::detail
