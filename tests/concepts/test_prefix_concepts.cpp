@@ -140,18 +140,24 @@ TEST_CASE("a cache over a colliding hasher still serves only exact prefixes",
   REQUIRE(cache.publish(1, *table.blocks(1), a).ok());
   CHECK(cache.probe(a).num_tokens == 8);
   CHECK(cache.probe(b).num_tokens == 4); // the second block collides but differs
-  // b's second block collides with a's key, so it is not published: no wrong entry either.
+  // Keys do not find blocks, so b's second block is published beside a's despite the equal key,
+  // and each prompt finds its own.
   REQUIRE(cache.admit(table, 2, b).ok());
-  CHECK(*cache.publish(2, *table.blocks(2), b) == 0);
-  CHECK(cache.probe(b).num_tokens == 4);
+  CHECK(*cache.publish(2, *table.blocks(2), b) == 1);
+  CHECK(cache.probe(b).num_tokens == 8);
   CHECK(cache.probe(a).num_tokens == 8);
+  std::vector<kvkit::block_id> out(2);
+  REQUIRE(cache.match(3, b, {}, out).ok());
+  CHECK(out[1] == (*table.blocks(2))[1]);
+  CHECK(out[1] != (*table.blocks(1))[1]);
 }
 
-TEST_CASE("a chain that meets a colliding key publishes nothing further",
+TEST_CASE("a chain that meets a colliding key is found only after its own blocks",
           "[concepts][prefix_cache]") {
   // P publishes [p0 p1]. Q's first block has P's first key but other tokens; the second blocks'
-  // keys differ. Were Q's second block published under that key, the prompt
-  // [p0 q1 ...] would be served q1's K/V, computed after q0: Q must stop publishing instead.
+  // keys differ. Were Q's second block found under that key, the prompt [p0 q1 ...] would be
+  // served q1's K/V, computed after q0. Blocks are found under their parent block, so Q
+  // publishes both of its blocks and the mixed prompt still stops after p0.
   kvkit::block_pool pool(16);
   kvkit::block_table<kvkit::block_pool> table(pool, 4);
   kvkit::prefix_cache<first_block_collider> cache(pool, 4);
@@ -160,10 +166,11 @@ TEST_CASE("a chain that meets a colliding key publishes nothing further",
   REQUIRE(cache.admit(table, 1, p).ok());
   REQUIRE(cache.publish(1, *table.blocks(1), p).ok());
   REQUIRE(cache.admit(table, 2, q).ok());
-  CHECK(*cache.publish(2, *table.blocks(2), q) == 0);
+  CHECK(*cache.publish(2, *table.blocks(2), q) == 2);
   const std::vector<token_id> mixed{1, 2, 3, 4, 8, 8, 8, 8, 9};
   CHECK(cache.probe(mixed).num_tokens == 4);
   CHECK(cache.probe(p).num_tokens == 8);
+  CHECK(cache.probe(q).num_tokens == 8);
 }
 
 TEST_CASE("the prefix index archetype caches nothing", "[concepts][prefix_cache]") {

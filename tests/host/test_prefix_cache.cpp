@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <numeric>
@@ -431,6 +432,38 @@ TEST_CASE("clearing a cached mark through the pool drops the cache entry", "[pre
   CHECK(cache.num_entries() == 0);
   CHECK(cache.probe(prompt).num_tokens == 0);
   CHECK(pool.num_evictable() == 0);
+}
+
+TEST_CASE("a dropped block's children are not found under the next entry in its place",
+          "[prefix_cache]") {
+  block_pool pool(4);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto p = iota_tokens(9); // [1..4] [5..8] [9]
+  REQUIRE(cache.admit(table, 1, p).ok());
+  REQUIRE(cache.publish(1, *table.blocks(1), p).ok());
+  const auto first = blocks_of(table, 1);
+  REQUIRE(cache.finish(1, *table.blocks(1), p).ok());
+  REQUIRE(table.free(1).ok());
+  // The head goes; its child [5..8] stays cached, indexed under the head as it was.
+  REQUIRE(pool.set_cached(first[0], false).ok());
+  CHECK(cache.num_entries() == 1);
+  CHECK(cache.probe(p).num_tokens == 0);
+  // Another prompt whose second block is the child's tokens gets the head's block id back.
+  const auto q = concat(iota_tokens(4, 20), concat(iota_tokens(4, 5), {9}));
+  REQUIRE(cache.admit(table, 2, q).ok());
+  const auto second = blocks_of(table, 2);
+  REQUIRE(std::find(second.begin(), second.end(), first[0]) != second.end());
+  const auto at =
+      static_cast<std::size_t>(std::find(second.begin(), second.end(), first[0]) - second.begin());
+  INFO("the head's id is block " << at << " of the second prompt");
+  // Published up to its first block only, the second prompt finds that block and not the old
+  // child, whose K/V followed [1..4].
+  REQUIRE(cache.publish(2, std::span(second).first(1), std::span(q).first(4)).ok());
+  CHECK(cache.probe(q).num_tokens == 4);
+  REQUIRE(cache.publish(2, *table.blocks(2), q).ok());
+  CHECK(cache.probe(q).num_tokens == 8);
+  CHECK(cache.probe(p).num_tokens == 0);
 }
 
 TEST_CASE("caches can follow each other on one pool", "[prefix_cache]") {

@@ -127,9 +127,9 @@ TEST_CASE("eviction policies map hints to levels", "[prefix_cache][eviction]") {
 
 namespace {
 
-// Random inserts, erases and lookups on `Map` against std::map; `make` turns a number into a key
-// whose slot index has few distinct values (long probe runs and wrap-around, the hard cases of
-// backward shifting), and each value carries a payload made from it.
+// Random assigns, inserts, erases and lookups on `Map` against std::map; `make` turns a number into
+// a key whose slot index has few distinct values (long probe runs and wrap-around, the hard cases
+// of backward shifting), and each value carries a payload made from it.
 template <class Map, class Make>
 void check_against_std_map(std::uint64_t seed, Make make) {
   INFO("seed " << seed);
@@ -139,7 +139,7 @@ void check_against_std_map(std::uint64_t seed, Make make) {
   std::map<std::uint64_t, kvkit::block_id> model;
   const auto payload_of = [](kvkit::block_id v) {
     if constexpr (std::is_same_v<Map, kvkit::detail::child_map>) {
-      return block_key{static_cast<std::uint64_t>(v) * 3, static_cast<std::uint64_t>(v) + 1};
+      return static_cast<std::uint32_t>(v) * 3 + 1;
     } else {
       return kvkit::detail::no_payload{};
     }
@@ -147,16 +147,34 @@ void check_against_std_map(std::uint64_t seed, Make make) {
   for (int step = 0; step < 200000; ++step) {
     const std::uint64_t r = rng() % 20000;
     const auto k = make(r);
-    const auto op = rng() % 3;
-    if (op == 0 && model.size() < max_entries) {
+    const auto op = rng() % 5;
+    const auto it = model.find(r);
+    const kvkit::block_id had = it == model.end() ? kvkit::invalid_block_id : it->second;
+    if (op <= 1 && model.size() < max_entries) {
       const auto v = static_cast<kvkit::block_id>(rng() % 1000);
-      map.assign(k, v, payload_of(v));
-      model[r] = v;
-    } else if (op == 1) {
+      if (op == 0) {
+        map.assign(k, v, payload_of(v));
+        model[r] = v;
+      } else {
+        if (map.insert(k, v, payload_of(v)) != had) {
+          FAIL("insert mismatch at step " << step);
+        }
+        model.emplace(r, v);
+      }
+    } else if (op == 2) {
       CHECK(map.erase(k) == (model.erase(r) == 1));
+    } else if (op == 3) {
+      // Erase only if the key maps to this value (usually a guess, sometimes the value).
+      const auto v = rng() % 2 == 0 && had != kvkit::invalid_block_id
+                         ? had
+                         : static_cast<kvkit::block_id>(rng() % 1000);
+      const bool erases = had != kvkit::invalid_block_id && had == v;
+      CHECK(map.erase_if(k, v) == erases);
+      if (erases) {
+        model.erase(r);
+      }
     } else {
-      const auto it = model.find(r);
-      const kvkit::block_id want = it == model.end() ? kvkit::invalid_block_id : it->second;
+      const kvkit::block_id want = had;
       const auto* s = map.lookup(k);
       if ((s == nullptr ? kvkit::invalid_block_id : s->value) != want || map.find(k) != want) {
         FAIL("lookup mismatch at step " << step);
@@ -188,11 +206,16 @@ TEST_CASE("key_map agrees with std::map under random inserts and erases",
 }
 
 TEST_CASE("child_map agrees with std::map and keeps each payload", "[prefix_cache][key_map]") {
-  // Keys differ in the parent, the content or both; a content under every parent has the same
-  // slot index.
+  // Keys differ in the tag, the content or both; a content under every tag has the same slot.
   check_against_std_map<kvkit::detail::child_map>(kvkit_test::test_seed(98), [](std::uint64_t r) {
-    const std::uint64_t parent = r % 7;
-    return kvkit::detail::child_key{block_key{parent * 0x100, parent},
-                                    (r / 7) * 0x9E37U ^ parent * 0x100};
+    const std::uint64_t tag = (r % 7) * 0x100;
+    return kvkit::detail::child_key{tag, (r / 7) * 0x9E37U ^ tag};
+  });
+}
+
+TEST_CASE("tag_map agrees with std::map on block-like tags", "[prefix_cache][key_map]") {
+  // Tags of blocks: a set top bit, the block id, a small generation.
+  check_against_std_map<kvkit::detail::tag_map>(kvkit_test::test_seed(97), [](std::uint64_t r) {
+    return kvkit::detail::tag_key{(std::uint64_t{1} << 63) | ((r % 500) << 32) | (r / 500)};
   });
 }

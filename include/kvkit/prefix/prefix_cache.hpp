@@ -13,6 +13,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "kvkit/block/block_pool.hpp"
 #include "kvkit/block/types.hpp"
 #include "kvkit/concepts/block_hasher.hpp"
@@ -103,7 +107,6 @@ public:
         hasher_(std::move(hasher)), policy_(std::move(policy)),
         entries_(static_cast<std::size_t>(pool.capacity())),
         tokens_(static_cast<std::size_t>(pool.capacity()) * static_cast<std::size_t>(block_size_)),
-        full_(static_cast<std::size_t>(pool.capacity())),
         next_(static_cast<std::size_t>(pool.capacity())),
         children_(options.share_partial_blocks ? static_cast<std::size_t>(pool.capacity()) : 0) {
     assert(block_size > 0);
@@ -171,8 +174,8 @@ public:
     }
     sequence st{hasher_(block_key{}, {}, extra), {}, r};
     // The sequence will key every full block of its prompt when it publishes: room for all now.
-    st.keys.reserve(static_cast<std::size_t>(len / block_size_));
-    const prefix_match m = walk<true>(tokens, st.root, out.data(), &st.keys);
+    st.chain.reserve(static_cast<std::size_t>(len / block_size_));
+    const prefix_match m = walk<true>(tokens, st.root, out.data(), &st.chain);
     seqs_.emplace(s, std::move(st));
     ++stats_.queries;
     stats_.query_tokens += len;
@@ -272,8 +275,8 @@ public:
     if (num_tokens < 0) {
       return errc::bad_argument;
     }
-    auto& keys = it->second.keys;
-    keys.resize(std::min(keys.size(), static_cast<std::size_t>(num_tokens / block_size_)));
+    auto& chain = it->second.chain;
+    chain.resize(std::min(chain.size(), static_cast<std::size_t>(num_tokens / block_size_)));
     return {};
   }
 
@@ -293,10 +296,12 @@ public:
     (void)publish_full(q, blocks, tokens);
     const auto tail = static_cast<std::int32_t>(tokens.size()) % block_size_;
     if (options_.share_partial_blocks && tail != 0 && !q.collided &&
-        q.keys.size() == static_cast<std::size_t>(full)) {
-      const block_key parent = full == 0 ? q.root : q.keys.back();
+        q.chain.size() == static_cast<std::size_t>(full)) {
+      const block_key parent = full == 0 ? q.root : q.chain.back().key;
+      const std::uint64_t tag = full == 0 ? root_tag(q.root) : q.chain.back().tag;
       const auto toks = tokens.subspan(static_cast<std::size_t>(full * block_size_));
-      (void)store(blocks.back(), hasher_(parent, toks, {}), parent, toks, level_of(q, full));
+      (void)store_partial(blocks.back(), hasher_(parent, toks, {}), parent, tag, toks,
+                          level_of(q, full));
     }
     seqs_.erase(it);
     return {};
@@ -361,18 +366,39 @@ private:
   struct entry {
     block_key key{};
     block_key parent{};
-    std::uint64_t content = 0; // hash of its tokens (full blocks)
-    std::int32_t len = 0;      // tokens it covers; 0 when the block is not published
+    std::uint64_t parent_tag = 0; // tag of the parent it is indexed under
+    std::uint64_t content = 0;    // hash of its tokens (full blocks)
+    std::int32_t len = 0;         // tokens it covers; 0 when the block is not published
     block_id prev_sibling = invalid_block_id;
     block_id next_sibling = invalid_block_id;
+    std::uint32_t gen = 0; // bumped when the entry goes, so its children's tags go stale
+  };
+
+  // A full block of a sequence's chain: its key and the tag of the entry that holds its place
+  // (its own block's, or that of another block with the same prefix; 0 after a collision).
+  struct link {
+    block_key key{};
+    std::uint64_t tag = 0;
   };
 
   struct sequence {
     block_key root;
-    std::vector<block_key> keys; // keys of its first keys.size() (full) blocks
+    std::vector<link> chain; // its first chain.size() (full) blocks
     retention keep;
-    bool collided = false; // a key of its chain names another prefix: publish no further
+    bool collided = false; // a content hash of its chain names other tokens: publish no further
   };
+
+  // Tags name what a block follows: a published block and its generation (top bit set), or the
+  // root key of a request's extra bytes (top bit clear; a first block is also checked against
+  // the whole root key). Unlike keys, a block's tag cannot be shared by another prefix.
+  static constexpr std::uint64_t block_bit = std::uint64_t{1} << 63;
+  static std::uint64_t root_tag(const block_key& root) noexcept { return root.lo & ~block_bit; }
+  static std::uint64_t block_tag(block_id b, std::uint32_t gen) noexcept {
+    return block_bit | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(b)) << 32) | gen;
+  }
+  [[nodiscard]] std::uint64_t tag_of(block_id b) const noexcept {
+    return block_tag(b, entries_[static_cast<std::size_t>(b)].gen);
+  }
 
   static bool valid(const retention& r) noexcept {
     return r.priority >= 0 && r.priority <= 100 && r.num_tokens >= 0;
@@ -418,7 +444,7 @@ private:
   // lengths.
   template <bool Take>
   prefix_match walk(std::span<const token_id> tokens, const block_key& root, block_id* out,
-                    std::vector<block_key>* keys) const {
+                    std::vector<link>* keys) const {
     switch (block_size_) {
     case 8:
       return walk_blocks<8, Take>(tokens, root, out, keys);
@@ -436,23 +462,24 @@ private:
   // walk for blocks of `BlockSize` tokens, or of block_size_ when it is 0.
   template <std::size_t BlockSize, bool Take>
   prefix_match walk_blocks(std::span<const token_id> tokens, const block_key& root, block_id* out,
-                           std::vector<block_key>* keys) const {
+                           std::vector<link>* keys) const {
     prefix_match m;
     // A match counts the evictable blocks it took back by the pool's revivals, not block by block.
     [[maybe_unused]] const std::int64_t revived = pool_->num_revivals();
     const std::size_t bs = BlockSize != 0 ? BlockSize : static_cast<std::size_t>(block_size_);
     const auto limit = static_cast<std::int32_t>(tokens.size()) - 1; // keep the last token
     const std::int32_t max_full = limit / block_size_;
-    // A block is found among the children of the prefix before it by the hash of its tokens
-    // alone, and its stored key is the parent of the next: the walk computes no chained key.
+    // A block is found among the children of the block before it (by that block's tag) by the
+    // hash of its tokens: the walk computes no chained key.
     // The tokens' hashes of a chunk of blocks are independent, so they are computed first, side
     // by side; then the chunk's blocks are looked up in order, each lookup waiting only for the
     // slot before it. Chunks start small so a miss near the start wastes little hashing, and
     // grow to amortize.
     constexpr std::int32_t max_chunk = 32;
     std::uint64_t ahead[max_chunk];
-    [[maybe_unused]] block_key found[Take ? max_chunk : 1]; // the chunk's keys, for `keys`
-    block_key parent = root;
+    [[maybe_unused]] link found[Take ? max_chunk : 1]; // the chunk's links, for `keys`
+    std::uint64_t tag = root_tag(root);
+    block_id last = invalid_block_id; // the last block matched
     std::int32_t i = 0;
     std::int32_t chunk = 4;
     bool hit = true;
@@ -465,16 +492,19 @@ private:
       }
       std::int32_t j = 0;
       for (; j < n; ++j) {
-        const auto* s = next_.lookup(detail::child_key{parent, ahead[j]});
-        if (s == nullptr || !same_tokens(s->value, first + static_cast<std::size_t>(j) * bs, bs)) {
+        const auto* s = next_.lookup(detail::child_key{tag, ahead[j]});
+        if (s == nullptr ||
+            !same_tokens<BlockSize>(s->value, first + static_cast<std::size_t>(j) * bs, bs) ||
+            (last == invalid_block_id && !follows_root(s->value, root))) {
           hit = false;
           break;
         }
-        parent = s->payload;
+        last = s->value;
+        tag = block_tag(s->value, s->payload);
         if constexpr (Take) {
           out[i + j] = s->value;
           take(s->value);
-          found[j] = parent;
+          found[j] = link{entries_[static_cast<std::size_t>(s->value)].key, tag};
         } else {
           m.num_evictable += pool_->ref_count(s->value) == 0 ? 1 : 0;
         }
@@ -491,8 +521,13 @@ private:
       const auto rest = tokens.subspan(static_cast<std::size_t>(m.num_tokens));
       block_id best = invalid_block_id;
       std::int32_t best_len = 0;
-      for (block_id c = children_.find(parent); c != invalid_block_id;
+      const block_key& parent =
+          last == invalid_block_id ? root : entries_[static_cast<std::size_t>(last)].key;
+      for (block_id c = children_.find(detail::tag_key{tag}); c != invalid_block_id;
            c = entries_[static_cast<std::size_t>(c)].next_sibling) {
+        if (!(entries_[static_cast<std::size_t>(c)].parent == parent)) {
+          continue; // a root tag shared by two roots' lower 63 bits
+        }
         const std::int32_t n = common_prefix(c, rest, room);
         if (n > best_len) {
           best_len = n;
@@ -517,17 +552,31 @@ private:
     return m;
   }
 
-  // Whether entry `b` is the block after prefix `parent` holding exactly the block of tokens at
-  // `blk`.
-  [[nodiscard]] bool holds(block_id b, const block_key& parent, const token_id* blk,
-                           std::size_t bs) const noexcept {
-    return entries_[static_cast<std::size_t>(b)].parent == parent && same_tokens(b, blk, bs);
+  // Whether entry `b`, indexed under a root tag, follows this very root (not another root whose
+  // tag is the same).
+  [[nodiscard]] bool follows_root(block_id b, const block_key& root) const noexcept {
+    return entries_[static_cast<std::size_t>(b)].parent == root;
   }
 
   // Whether entry `b` holds exactly the block of tokens at `blk`. `bs` is block_size_, passed in
-  // so that a walk for a fixed block size compares a fixed length.
+  // (and `BlockSize`, when it is not 0) so that a walk for a fixed block size compares a fixed
+  // length.
+  template <std::size_t BlockSize = 0>
   [[nodiscard]] bool same_tokens(block_id b, const token_id* blk, std::size_t bs) const noexcept {
     const token_id* held = tokens_.data() + static_cast<std::size_t>(b) * bs;
+#if defined(__SSE2__)
+    if constexpr (BlockSize != 0 && BlockSize % 4 == 0) {
+      // Four tokens a compare, one branch for the block (memcmp's inline form tests every 16
+      // bytes).
+      __m128i all = _mm_set1_epi32(-1);
+      for (std::size_t i = 0; i < BlockSize; i += 4) {
+        const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(held + i));
+        const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + i));
+        all = _mm_and_si128(all, _mm_cmpeq_epi32(x, y));
+      }
+      return _mm_movemask_epi8(all) == 0xFFFF;
+    }
+#endif
     return std::memcmp(held, blk, bs * sizeof(token_id)) == 0;
   }
 
@@ -548,110 +597,123 @@ private:
     const auto bs = static_cast<std::size_t>(block_size_);
     const auto full = tokens.size() / bs;
     std::int32_t stored = 0;
-    for (std::size_t i = q.keys.size(); i < full; ++i) {
-      const block_key parent = i == 0 ? q.root : q.keys[i - 1];
+    for (std::size_t i = q.chain.size(); i < full; ++i) {
+      const block_key parent = i == 0 ? q.root : q.chain[i - 1].key;
+      const std::uint64_t parent_tag = i == 0 ? root_tag(q.root) : q.chain[i - 1].tag;
       const auto blk = tokens.subspan(i * bs, bs);
-      const block_key k = hasher_(parent, blk, {});
-      q.keys.push_back(k);
-      // A key already held by a block with other contents is a collision: entries chained under
-      // it could be reached by a different prefix, so this chain publishes nothing more.
-      const block_id existing = full_.find(k);
-      if (existing != invalid_block_id && existing != blocks[i] &&
-          !holds(existing, parent, blk.data(), bs)) {
-        q.collided = true;
-      }
+      link l{hasher_(parent, blk, {}), 0};
       if (!q.collided) {
-        stored += store(blocks[i], k, parent, blk, level_of(q, static_cast<std::int32_t>(i)),
-                        detail::content_hash(blk.data(), bs))
-                      ? 1
-                      : 0;
+        const auto [at, added] = store_full(blocks[i], l.key, parent, parent_tag, blk,
+                                            level_of(q, static_cast<std::int32_t>(i)),
+                                            detail::content_hash(blk.data(), bs));
+        // No entry holds this place (another block's tokens have the same content hash under
+        // the same parent): later blocks have no tag to be found under.
+        q.collided = at == invalid_block_id;
+        l.tag = q.collided ? 0 : tag_of(at);
+        stored += added ? 1 : 0;
       }
+      q.chain.push_back(l);
     }
     return stored;
   }
 
-  // Publishes block `b` as holding `toks` after prefix `parent`; `content` is the tokens' hash for
-  // a full block. False when `b` is published already, another block holds the same content, or
-  // (for a full block) another child of `parent` has the same content hash.
-  bool store(block_id b, const block_key& key, const block_key& parent,
-             std::span<const token_id> toks, std::int32_t level, std::uint64_t content = 0) {
+  struct placed {
+    block_id at = invalid_block_id; // the entry that holds the place (invalid: none can)
+    bool added = false;             // a new entry
+  };
+
+  // Publishes full block `b` (tokens `toks`, hash `content`) after the entry or root tagged
+  // `parent_tag`, unless an entry holds that place already: the same tokens computed twice (that
+  // entry serves) or, rarely, other tokens with the same content hash (none can).
+  placed store_full(block_id b, const block_key& key, const block_key& parent,
+                    std::uint64_t parent_tag, std::span<const token_id> toks, std::int32_t level,
+                    std::uint64_t content) {
+    const entry& e = entries_[static_cast<std::size_t>(b)];
+    if (e.len != 0) {
+      // Published already (a block is never written once published), normally at this place.
+      const bool here = e.len == block_size_ && e.parent_tag == parent_tag && e.content == content;
+      return {here ? b : invalid_block_id, false};
+    }
+    const block_id existing = next_.insert(detail::child_key{parent_tag, content}, b, e.gen);
+    if (existing != invalid_block_id) {
+      const bool same = same_tokens(existing, toks.data(), toks.size());
+      return {same ? existing : invalid_block_id, false};
+    }
+    record(b, key, parent, parent_tag, content, toks, level);
+    return {b, true};
+  }
+
+  // Publishes the partly filled block `b` after the entry or root tagged `parent_tag`, unless it
+  // is published already or an entry there already covers its tokens.
+  bool store_partial(block_id b, const block_key& key, const block_key& parent,
+                     std::uint64_t parent_tag, std::span<const token_id> toks, std::int32_t level) {
+    const auto len = static_cast<std::int32_t>(toks.size());
+    if (entries_[static_cast<std::size_t>(b)].len != 0) {
+      return false; // a truncated sequence's head, which its full entry already covers
+    }
+    for (block_id c = children_.find(detail::tag_key{parent_tag}); c != invalid_block_id;
+         c = entries_[static_cast<std::size_t>(c)].next_sibling) {
+      if (entries_[static_cast<std::size_t>(c)].parent == parent &&
+          common_prefix(c, toks, len) == len) {
+        return false; // an entry already covers these tokens
+      }
+    }
+    record(b, key, parent, parent_tag, 0, toks, level);
+    return true;
+  }
+
+  // Makes `b` an entry (its full-block index slot, if any, is the caller's).
+  void record(block_id b, const block_key& key, const block_key& parent, std::uint64_t parent_tag,
+              std::uint64_t content, std::span<const token_id> toks, std::int32_t level) {
     entry& e = entries_[static_cast<std::size_t>(b)];
     const auto len = static_cast<std::int32_t>(toks.size());
-    if (e.len != 0) {
-      // Published already. A block is never written once published, so a full block comes back
-      // with the same key; a truncated sequence may offer its head as a partial entry, which the
-      // full entry already covers.
-      assert(len != block_size_ || e.len != block_size_ || e.key == key);
-      return false;
-    }
-    const bool full = len == block_size_;
-    if (full) {
-      if (full_.find(key) != invalid_block_id ||
-          next_.find(detail::child_key{parent, content}) != invalid_block_id) {
-        return false;
-      }
-    } else {
-      for (block_id c = children_.find(parent); c != invalid_block_id;
-           c = entries_[static_cast<std::size_t>(c)].next_sibling) {
-        if (common_prefix(c, toks, len) == len) {
-          return false; // an entry already covers these tokens
-        }
-      }
-    }
     [[maybe_unused]] const status marked = pool_->set_cached(b, true, level);
     assert(marked.ok());
-    if (full) {
-      full_.assign(key, b);
-      next_.assign(detail::child_key{parent, content}, b, key);
-    }
     e.key = key;
     e.parent = parent;
+    e.parent_tag = parent_tag;
     e.content = content;
     e.len = len;
     std::copy(toks.begin(), toks.end(),
               tokens_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b) *
                                                             static_cast<std::size_t>(block_size_)));
     if (options_.share_partial_blocks) {
-      const block_id head = children_.find(parent);
+      const detail::tag_key siblings{parent_tag};
+      const block_id head = children_.find(siblings);
       e.prev_sibling = invalid_block_id;
       e.next_sibling = head;
       if (head != invalid_block_id) {
         entries_[static_cast<std::size_t>(head)].prev_sibling = b;
       }
-      children_.assign(parent, b);
+      children_.assign(siblings, b);
     }
     ++num_entries_;
     ++stats_.stored_blocks;
     if (options_.record_events) {
       events_.push_back(cache_event{cache_event::kind::stored, b, key, parent, len});
     }
-    return true;
   }
 
   // Removes block `b`'s entry from the indexes; the pool mark is the caller's business.
   void remove_entry(block_id b) {
     entry& e = entries_[static_cast<std::size_t>(b)];
     if (e.len == block_size_) {
-      if (full_.find(e.key) == b) {
-        full_.erase(e.key);
-      }
-      if (const detail::child_key c{e.parent, e.content}; next_.find(c) == b) {
-        next_.erase(c);
-      }
+      next_.erase_if(detail::child_key{e.parent_tag, e.content}, b);
     }
     if (options_.share_partial_blocks) {
+      const detail::tag_key siblings{e.parent_tag};
       if (e.prev_sibling != invalid_block_id) {
         entries_[static_cast<std::size_t>(e.prev_sibling)].next_sibling = e.next_sibling;
       } else if (e.next_sibling != invalid_block_id) {
-        children_.assign(e.parent, e.next_sibling);
+        children_.assign(siblings, e.next_sibling);
       } else {
-        children_.erase(e.parent);
+        children_.erase(siblings);
       }
       if (e.next_sibling != invalid_block_id) {
         entries_[static_cast<std::size_t>(e.next_sibling)].prev_sibling = e.prev_sibling;
       }
     }
-    e = entry{};
+    e = entry{.gen = e.gen + 1};
     --num_entries_;
     ++stats_.removed_blocks;
   }
@@ -686,9 +748,8 @@ private:
   Policy policy_;
   std::vector<entry> entries_;   // [capacity], by block id
   std::vector<token_id> tokens_; // [capacity][block_size], the tokens each entry covers
-  detail::key_map full_;         // key of a full block -> block
-  detail::child_map next_;       // (parent key, content hash) of a full block -> block, its key
-  detail::key_map children_;     // parent key -> first entry of its sibling list (partial option)
+  detail::child_map next_;       // (parent tag, content hash) of a full block -> block, its gen
+  detail::tag_map children_;     // parent tag -> first entry of its sibling list (partial option)
   std::unordered_map<seq_id, sequence> seqs_;
   std::vector<block_id> scratch_; // admit's match buffer
   std::vector<cache_event> events_;

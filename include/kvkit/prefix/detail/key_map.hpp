@@ -15,18 +15,28 @@
 
 namespace kvkit::detail {
 
-// A block's place in a chain: the key of the prefix before it and a 64-bit hash of its tokens.
+// A full block's place in the cache: the tag of what comes before it (its parent block, or the
+// root of its extra bytes) and a 64-bit hash of its tokens.
 struct child_key {
-  block_key parent{};
+  std::uint64_t tag = 0;
   std::uint64_t content = 0;
   friend constexpr bool operator==(const child_key&, const child_key&) = default;
+};
+
+// The tag of a parent alone (the sibling lists of the partial-block option).
+struct tag_key {
+  std::uint64_t tag = 0;
+  friend constexpr bool operator==(const tag_key&, const tag_key&) = default;
 };
 
 [[nodiscard]] constexpr std::uint64_t slot_hash(const block_key& k) noexcept {
   return k.lo;
 }
 [[nodiscard]] constexpr std::uint64_t slot_hash(const child_key& k) noexcept {
-  return k.content ^ k.parent.lo;
+  return k.tag ^ k.content; // the content hash is uniform
+}
+[[nodiscard]] constexpr std::uint64_t slot_hash(const tag_key& k) noexcept {
+  return (k.tag * 0x9E3779B97F4A7C15ULL) >> 24; // a block's tag has its generation in the low bits
 }
 
 struct no_payload {};
@@ -75,13 +85,33 @@ public:
     slots_[i] = slot{key, value, payload};
   }
 
-  bool erase(const Key& key) noexcept {
+  // Inserts `key` unless it is present; returns the value it had (invalid_block_id if inserted).
+  // The caller keeps the entry count within max_entries.
+  block_id insert(const Key& key, block_id value, const Payload& payload = {}) noexcept {
+    std::size_t i = home(key);
+    for (; slots_[i].value != invalid_block_id; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) {
+        return slots_[i].value;
+      }
+    }
+    ++size_;
+    slots_[i] = slot{key, value, payload};
+    return invalid_block_id;
+  }
+
+  bool erase(const Key& key) noexcept { return erase_if(key, invalid_block_id); }
+
+  // Erases `key` if it maps to `value` (any value when `value` is invalid_block_id).
+  bool erase_if(const Key& key, block_id value) noexcept {
     std::size_t i = home(key);
     for (;; i = (i + 1) & mask_) {
       if (slots_[i].value == invalid_block_id) {
         return false;
       }
       if (slots_[i].key == key) {
+        if (value != invalid_block_id && slots_[i].value != value) {
+          return false;
+        }
         break;
       }
     }
@@ -121,7 +151,9 @@ private:
 
 // block_key -> block id.
 using key_map = basic_key_map<block_key>;
-// (parent key, content hash) -> block id and the block's own key.
-using child_map = basic_key_map<child_key, block_key>;
+// (parent tag, content hash) of a full block -> the block and its generation.
+using child_map = basic_key_map<child_key, std::uint32_t>;
+// Parent tag -> the first entry of its sibling list.
+using tag_map = basic_key_map<tag_key>;
 
 } // namespace kvkit::detail
