@@ -81,17 +81,16 @@ struct admission {
 //! A full block's key chains its tokens onto the key of everything before it,
 //! `key_i = H(key_{i-1}, tokens of block i)`, starting from a root key `H(0, -, extra bytes)`, so
 //! equal keys mean equal prefixes under equal extra bytes (LoRA id, salt, multimodal hashes).
-//! Blocks become matchable as they fill (`publish`, which computes their keys); a match walks the
-//! prompt block by block, finding each block by its parent's key and an XXH3-64 hash of its
-//! tokens (so it computes no chained key: it takes each hit's stored key), and takes a reference
-//! to each hit. The cache itself holds no references: a published block whose
-//! last holder releases it stays in the pool as evictable, ordered by the eviction policy, until
-//! the pool hands it out again and tells the cache to drop its key (lazy eviction).
-//!
-//! Each hit is also checked against the entry's stored tokens and parent key, and a sequence whose
-//! chain meets a key already held by other contents publishes nothing further, so a collision of
-//! block keys can cost hits but cannot make a match serve another prefix's K/V. A match
-//! never covers the last prompt token: its logits must be computed.
+//! Blocks become matchable as they fill (`publish`, which computes their keys). Keys name blocks
+//! (events); they do not find them: a match walks the prompt block by block, finding each block
+//! among the children of the block matched before it (by that block's id and generation, or the
+//! request's root key) by an XXH3-64 hash of its tokens, checks the tokens, and takes a reference
+//! to each hit. So a hit is always a block with the prompt's tokens after exactly the blocks
+//! matched before it: a collision of keys or of content hashes can cost hits but cannot serve
+//! another prefix's K/V. The cache itself holds no references: a published block whose last
+//! holder releases it stays in the pool as evictable, ordered by the eviction policy, until the
+//! pool hands it out again and tells the cache to drop it (lazy eviction). A match never covers
+//! the last prompt token: its logits must be computed.
 //!
 //! Sequences are tracked from `match` (or `admit`) to `finish` / `forget`, following the block
 //! table's `fork` and `truncate`. The pool must outlive the cache; the cache installs itself as the
