@@ -224,8 +224,14 @@ std::vector<std::string> decode_validation_failures() {
   a.q = nullptr;
   check("null q", a, plan, fake, ws, false);
   a = good;
+  a.q = t + 1;
+  check("misaligned q", a, plan, fake, ws, false);
+  a = good;
   a.out = nullptr;
   check("null out", a, plan, fake, ws, false);
+  a = good;
+  a.out = t + 4;
+  check("misaligned out", a, plan, fake, ws, false);
   a = good;
   a.table.indices = nullptr;
   check("null indices", a, plan, fake, ws, false);

@@ -48,8 +48,8 @@ struct decode_args {
   const std::byte* cache = nullptr; //!< [capacity][layout.bytes_per_page()], 16-byte aligned
   std::int32_t capacity = 0;        //!< pages in `cache`
   csr_page_table table;             //!< the batch's pages (block_table::export_csr), on the device
-  const T* q = nullptr;             //!< [batch][num_q_heads][head_dim]
-  T* out = nullptr;                 //!< [batch][num_q_heads][head_dim]
+  const T* q = nullptr;             //!< [batch][num_q_heads][head_dim], 16-byte aligned
+  T* out = nullptr;                 //!< [batch][num_q_heads][head_dim], 16-byte aligned
   float* lse = nullptr;             //!< optional [batch][num_q_heads], natural log
   const float* static_scales = nullptr; //!< [2][kv_heads]: K's then V's (fp8 codecs)
   attention_options options;            //!< scale, sliding window, soft cap
@@ -70,7 +70,8 @@ inline constexpr bool decode_codec =
 //! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim,
 //! kv_bits: decode_kv_bits<Layout>), the codecs are per-token ones (a per-page-channel codec is
 //! rejected), the page table's page size is the layout's, the batch fits the plan (equals it unless
-//! the plan is graph-safe), the pointers are set (fp8 scales included, finite and positive),
+//! the plan is graph-safe), the pointers are set (fp8 scales included, finite and positive; the
+//! cache, queries and outputs 16-byte aligned),
 //! options are in range, and the workspace holds plan.workspace_bytes() 16-byte-aligned bytes. The
 //! sequences' lengths are not checked on the host: every sequence must hold at least one token (the
 //! reference rejects empty ones).
@@ -99,7 +100,9 @@ template <class Layout, query_element T>
     return errc::bad_argument;
   }
   if (a.cache == nullptr || reinterpret_cast<std::uintptr_t>(a.cache) % 16 != 0 ||
-      a.capacity <= 0 || a.q == nullptr || a.out == nullptr || a.table.indptr == nullptr ||
+      a.capacity <= 0 || a.q == nullptr || a.out == nullptr ||
+      reinterpret_cast<std::uintptr_t>(a.q) % 16 != 0 ||
+      reinterpret_cast<std::uintptr_t>(a.out) % 16 != 0 || a.table.indptr == nullptr ||
       a.table.indices == nullptr || a.table.last_page_len == nullptr) {
     return errc::bad_argument;
   }
@@ -540,17 +543,28 @@ __global__ void __launch_bounds__(
   // The group's queries are read first: their address needs no page table, so their round trip
   // to memory overlaps the page table's instead of following the first copies (H200, bf16 B=1,
   // L=2048: the queries arrived 1.3 us after the prologue's copies were issued). This thread's
-  // elements of head tile nt, row g, for the K-side operand slots of its channels.
-  T q_in[NT][D / 8][2];
+  // relative K channels of head tile nt, row g, two to a word: each of its K items is a run of
+  // whole 16-byte pieces of the query row (kf::k_abs), read 16 bytes at a time (validate
+  // requires 16-byte aligned queries; a row is D elements).
+  constexpr int item_words = kf::k_item_channels * static_cast<int>(sizeof(T)) / 4;
+  std::uint32_t qw[NT][kf::k_items * item_words];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int head = nt * 8 + g;
     const T* qrow = p.q + (static_cast<std::int64_t>(b) * p.num_q_heads + h * p.group + head) * D;
 #pragma unroll
-    for (int s = 0; s < D / 8; ++s) {
+    for (int n = 0; n < kf::k_items; ++n) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        q_in[nt][s][c] = head < p.group ? qrow[kf::k_abs(i, kf::k_channel(s, c))] : T{};
+      for (int v = 0; v < item_words / 4; ++v) {
+        const uint4 x =
+            head < p.group
+                ? *reinterpret_cast<const uint4*>(qrow + (4 * n + i) * kf::k_item_channels + 8 * v)
+                : make_uint4(0U, 0U, 0U, 0U);
+        std::uint32_t* const w = &qw[nt][n * item_words + 4 * v];
+        w[0] = x.x;
+        w[1] = x.y;
+        w[2] = x.z;
+        w[3] = x.w;
       }
     }
   }
@@ -743,15 +757,21 @@ __global__ void __launch_bounds__(
   key_loc next;
   place(first_ids[stages - 1], first_slots[stages - 1], next);
 
-  // The queries as K-side operands: head tile nt, row g, slots of this thread's channels.
+  // The queries as K-side operands: head tile nt, row g, slots of this thread's channels (the
+  // words as read where they pair the slots' channels in the MMA's type already).
   std::uint32_t qf[NT][D / 8];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int s = 0; s < D / 8; ++s) {
-      qf[nt][s] = nt * 8 + g < p.group
-                      ? narrow_pair<kmma>(to_float(q_in[nt][s][0]), to_float(q_in[nt][s][1]))
-                      : 0U;
+      const int r0 = kf::k_channel(s, 0);
+      const int r1 = kf::k_channel(s, 1);
+      if (std::is_same_v<T, kmma> && r0 % 2 == 0 && r1 == r0 + 1) {
+        qf[nt][s] = qw[nt][r0 / 2];
+      } else {
+        qf[nt][s] = narrow_pair<kmma>(widen_half<T>(qw[nt][r0 / 2], r0 % 2),
+                                      widen_half<T>(qw[nt][r1 / 2], r1 % 2));
+      }
     }
   }
 
