@@ -1,6 +1,7 @@
 // block_hasher, eviction_policy and prefix_index: kvkit's models and the archetypes model them;
 // types that break one rule do not; the cache is generic over its hasher and policy.
 
+#include <array>
 #include <cstddef>
 #include <vector>
 
@@ -171,6 +172,29 @@ TEST_CASE("a chain that meets a colliding key is found only after its own blocks
   CHECK(cache.probe(mixed).num_tokens == 4);
   CHECK(cache.probe(p).num_tokens == 8);
   CHECK(cache.probe(q).num_tokens == 8);
+}
+
+TEST_CASE("roots that share a root tag do not share blocks", "[concepts][prefix_cache]") {
+  // The collider's root key is {0, size of the extra bytes}: extras of one and two bytes give
+  // different roots with the same lower bits. Q computes the first block P cached under the
+  // other root; it must not continue P's chain, or a prompt under P's root would be served Q's
+  // second block, computed under Q's extra bytes.
+  kvkit::block_pool pool(16);
+  kvkit::block_table<kvkit::block_pool> table(pool, 4);
+  kvkit::prefix_cache<first_block_collider> cache(pool, 4);
+  const std::array<std::byte, 1> one{std::byte{1}};
+  const std::array<std::byte, 2> two{std::byte{1}, std::byte{2}};
+  const std::vector<token_id> p{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<token_id> q{1, 2, 3, 4, 8, 8, 8, 8, 9};
+  REQUIRE(cache.admit(table, 1, p, one).ok());
+  REQUIRE(cache.publish(1, *table.blocks(1), p).ok());
+  const auto hit = cache.admit(table, 2, q, two);
+  REQUIRE(hit.ok());
+  CHECK(hit->hit.num_tokens == 0); // P's first block is under the other root
+  (void)cache.publish(2, *table.blocks(2), q);
+  CHECK(cache.probe(q, one).num_tokens == 4); // P's first block only
+  CHECK(cache.probe(p, one).num_tokens == 8);
+  CHECK(cache.probe(p, two).num_tokens == 0);
 }
 
 TEST_CASE("the prefix index archetype caches nothing", "[concepts][prefix_cache]") {

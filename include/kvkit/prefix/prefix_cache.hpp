@@ -86,11 +86,12 @@ struct admission {
 //! among the children of the block matched before it (by that block's id and generation, or the
 //! request's root key) by an XXH3-64 hash of its tokens, checks the tokens, and takes a reference
 //! to each hit. So a hit is always a block with the prompt's tokens after exactly the blocks
-//! matched before it: a collision of keys or of content hashes can cost hits but cannot serve
-//! another prefix's K/V. The cache itself holds no references: a published block whose last
-//! holder releases it stays in the pool as evictable, ordered by the eviction policy, until the
-//! pool hands it out again and tells the cache to drop it (lazy eviction). A match never covers
-//! the last prompt token: its logits must be computed.
+//! matched before it, back to the request's root key: a collision of keys or of content hashes can
+//! cost hits but cannot serve K/V computed after other tokens (extra bytes count only through the
+//! root key, so the hasher must keep roots apart). The cache itself holds no references: a
+//! published block whose last holder releases it stays in the pool as evictable, ordered by the
+//! eviction policy, until the pool hands it out again and tells the cache to drop it (lazy
+//! eviction). A match never covers the last prompt token: its logits must be computed.
 //!
 //! Sequences are tracked from `match` (or `admit`) to `finish` / `forget`, following the block
 //! table's `fork` and `truncate`. The pool must outlive the cache; the cache installs itself as the
@@ -370,7 +371,9 @@ private:
     std::int32_t len = 0;         // tokens it covers; 0 when the block is not published
     block_id prev_sibling = invalid_block_id;
     block_id next_sibling = invalid_block_id;
-    std::uint32_t gen = 0; // bumped when the entry goes, so its children's tags go stale
+    // Bumped when the entry goes, so its children's tags go stale (until it wraps, after 2^32
+    // entries on one block).
+    std::uint32_t gen = 0;
   };
 
   // A full block of a sequence's chain: its key and the tag of the entry that holds its place
@@ -384,7 +387,10 @@ private:
     block_key root;
     std::vector<link> chain; // its first chain.size() (full) blocks
     retention keep;
-    bool collided = false; // a content hash of its chain names other tokens: publish no further
+    // A block of its chain found no place in the index (another entry holds it: other tokens
+    // with the same content hash, another root with the same root tag, or the block itself
+    // published elsewhere): publish no further.
+    bool collided = false;
   };
 
   // Tags name what a block follows: a published block and its generation (top bit set), or the
@@ -436,7 +442,8 @@ private:
     assert(held.ok()); // published blocks are in use or evictable
   }
 
-  // The lookup shared by probe and match: full blocks by key, then (option) the best partial share.
+  // The lookup shared by probe and match: full blocks by parent and content, then (option) the
+  // best partial share.
   // With `Take` (match), the blocks found go to `out`, each with a reference taken for the caller,
   // and their keys to `keys`; without it (probe) both are null. The usual block sizes get a walk of
   // their own, in which the hasher's length dispatch and the token comparison fold to fixed
@@ -630,12 +637,15 @@ private:
     const entry& e = entries_[static_cast<std::size_t>(b)];
     if (e.len != 0) {
       // Published already (a block is never written once published), normally at this place.
-      const bool here = e.len == block_size_ && e.parent_tag == parent_tag && e.content == content;
+      const bool here = e.len == block_size_ && e.parent_tag == parent_tag &&
+                        e.content == content && e.parent == parent;
       return {here ? b : invalid_block_id, false};
     }
     const block_id existing = next_.insert(detail::child_key{parent_tag, content}, b, e.gen);
     if (existing != invalid_block_id) {
-      const bool same = same_tokens(existing, toks.data(), toks.size());
+      // The same prefix only if the parent keys agree too: two roots can share a root tag.
+      const bool same = entries_[static_cast<std::size_t>(existing)].parent == parent &&
+                        same_tokens(existing, toks.data(), toks.size());
       return {same ? existing : invalid_block_id, false};
     }
     record(b, key, parent, parent_tag, content, toks, level);

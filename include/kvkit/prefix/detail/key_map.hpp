@@ -36,7 +36,8 @@ struct tag_key {
   return k.tag ^ k.content; // the content hash is uniform
 }
 [[nodiscard]] constexpr std::uint64_t slot_hash(const tag_key& k) noexcept {
-  return (k.tag * 0x9E3779B97F4A7C15ULL) >> 24; // a block's tag has its generation in the low bits
+  // A block's tag is (id << 32 | generation): the product's high half mixes both.
+  return (k.tag * 0x9E3779B97F4A7C15ULL) >> 32;
 }
 
 struct no_payload {};
