@@ -381,6 +381,9 @@ TEST_CASE("evict and clear give cached blocks back", "[prefix_cache]") {
   REQUIRE_FALSE(events.empty());
   CHECK(events.back().what == kvkit::cache_event::kind::cleared);
   CHECK(cache.evict(5) == 0);
+  // Sequence 2 continued entries that are gone: it publishes nothing more (nothing unreachable).
+  CHECK(*cache.publish(2, *table.blocks(2), iota_tokens(13)) == 0);
+  CHECK(cache.num_entries() == 0);
   REQUIRE(table.free(2).ok());
   CHECK(pool.num_free() == 8);
 }

@@ -328,9 +328,13 @@ public:
     return done;
   }
 
-  //! Drops every entry: evictable blocks become free, blocks in use just stop being matchable
-  //! (and are not published again by the sequences that hold them).
+  //! Drops every entry: evictable blocks become free, blocks in use just stop being matchable.
+  //! Tracked sequences with blocks matched or published publish nothing more (the entries they
+  //! continue are gone, so what they published next could never be found).
   void clear() {
+    for (auto& [id, q] : seqs_) {
+      q.collided = q.collided || !q.chain.empty();
+    }
     if (num_entries_ == 0) {
       return;
     }
