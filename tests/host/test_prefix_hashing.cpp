@@ -125,6 +125,29 @@ TEST_CASE("eviction policies map hints to levels", "[prefix_cache][eviction]") {
   CHECK(kvkit::retention_priority(50).num_levels() == 8);
 }
 
+TEST_CASE("content hashes are XXH3-64 of the token bytes, fixed or runtime length",
+          "[prefix_cache]") {
+  const std::uint64_t seed = kvkit_test::test_seed(96);
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::vector<token_id> t(64);
+  for (int trial = 0; trial < 2000; ++trial) {
+    for (auto& x : t) {
+      x = static_cast<token_id>(rng());
+    }
+    const auto want = [&](std::size_t n) {
+      return XXH3_64bits(t.data(), n * sizeof(token_id));
+    };
+    CHECK(kvkit::detail::content_hash<8>(t.data()) == want(8));   // 32 bytes
+    CHECK(kvkit::detail::content_hash<16>(t.data()) == want(16)); // 64 bytes
+    CHECK(kvkit::detail::content_hash<32>(t.data()) == want(32)); // 128 bytes
+    CHECK(kvkit::detail::content_hash<5>(t.data()) == want(5));   // 20 bytes
+    CHECK(kvkit::detail::content_hash<64>(t.data()) == want(64)); // 256 bytes
+    const std::size_t n = 1 + rng() % 64;
+    CHECK(kvkit::detail::content_hash(t.data(), n) == want(n));
+  }
+}
+
 namespace {
 
 // Random assigns, inserts, erases and lookups on `Map` against std::map; `make` turns a number into
