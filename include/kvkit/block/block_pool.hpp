@@ -47,6 +47,7 @@ public:
   explicit block_pool(std::int32_t capacity, std::int32_t num_eviction_levels = 1)
       : meta_(static_cast<std::size_t>(std::max(capacity, 0))),
         free_(static_cast<std::size_t>(std::max(capacity, 0))), free_top_(std::max(capacity, 0)),
+        capacity_(std::max(capacity, 0)),
         num_levels_(std::clamp(num_eviction_levels, 1, max_eviction_levels)) {
     // Ids come out in increasing order from a fresh pool: easier to read in logs and tests.
     for (std::int32_t i = 0; i < free_top_; ++i) {
@@ -60,9 +61,10 @@ public:
   //! `other` must not be used afterwards.
   block_pool(block_pool&& other) noexcept
       : meta_(std::move(other.meta_)), free_(std::move(other.free_)), free_top_(other.free_top_),
-        lists_(other.lists_), num_levels_(other.num_levels_), num_evictable_(other.num_evictable_),
-        num_evictions_(other.num_evictions_), num_revivals_(other.num_revivals_),
-        on_evict_(other.on_evict_), evict_context_(other.evict_context_) {
+        capacity_(other.capacity_), lists_(other.lists_), num_levels_(other.num_levels_),
+        num_evictable_(other.num_evictable_), num_evictions_(other.num_evictions_),
+        num_revivals_(other.num_revivals_), on_evict_(other.on_evict_),
+        evict_context_(other.evict_context_) {
     other.reset_to_empty();
   }
   block_pool& operator=(block_pool&& other) noexcept {
@@ -70,6 +72,7 @@ public:
       meta_ = std::move(other.meta_);
       free_ = std::move(other.free_);
       free_top_ = other.free_top_;
+      capacity_ = other.capacity_;
       lists_ = other.lists_;
       num_levels_ = other.num_levels_;
       num_evictable_ = other.num_evictable_;
@@ -157,11 +160,9 @@ public:
   [[nodiscard]] std::int32_t num_evictable() const noexcept { return num_evictable_; }
   //! Blocks with a reference count above zero.
   [[nodiscard]] std::int32_t num_used() const noexcept { return capacity() - num_free(); }
-  [[nodiscard]] std::int32_t capacity() const noexcept {
-    return static_cast<std::int32_t>(meta_.size());
-  }
+  [[nodiscard]] std::int32_t capacity() const noexcept { return capacity_; }
   [[nodiscard]] bool contains(block_id id) const noexcept {
-    return static_cast<std::uint32_t>(id) < static_cast<std::uint32_t>(meta_.size());
+    return static_cast<std::uint32_t>(id) < static_cast<std::uint32_t>(capacity_);
   }
 
   //! Marks a block in use as cached (its contents are published) with an eviction `level`, or
@@ -332,6 +333,7 @@ private:
     meta_.clear();
     free_.clear();
     free_top_ = 0;
+    capacity_ = 0;
     lists_ = {};
     num_evictable_ = 0;
     on_evict_ = nullptr;
@@ -373,6 +375,7 @@ private:
   std::vector<block_meta> meta_; // [capacity]
   std::vector<block_id> free_;   // [capacity], free stack in [0, free_top_)
   std::int32_t free_top_ = 0;
+  std::int32_t capacity_ = 0; // meta_.size(), kept apart so that a bounds check is one compare
   std::array<list, max_eviction_levels> lists_{}; // evictable blocks, one LRU list per level
   std::int32_t num_levels_ = 1;
   std::int32_t num_evictable_ = 0;

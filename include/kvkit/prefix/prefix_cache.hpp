@@ -480,36 +480,27 @@ private:
     const auto limit = static_cast<std::int32_t>(tokens.size()) - 1; // keep the last token
     const std::int32_t max_full = limit / block_size_;
     // A block is found among the children of the block before it (by that block's tag) by the
-    // hash of its tokens: the walk computes no chained key.
-    // The tokens' hashes of a chunk of blocks are independent, so they are computed first, side
-    // by side; then the chunk's blocks are looked up in order, each lookup waiting only for the
-    // slot before it. Chunks start small so a miss near the start wastes little hashing, and
-    // grow to amortize.
-    constexpr std::int32_t max_chunk = 32;
-    std::uint64_t ahead[max_chunk];
-    [[maybe_unused]] link found[Take ? max_chunk : 1]; // the chunk's links, for `keys`
+    // hash of its tokens: the walk computes no chained key. A block's hash does not wait for
+    // the lookup before it, so the processor overlaps the two. Matched links go to `keys` a
+    // chunk at a time.
+    constexpr std::int32_t chunk = 32;
+    [[maybe_unused]] link found[Take ? chunk : 1];
     std::uint64_t tag = root_tag(root);
-    block_id last = invalid_block_id; // the last block matched
     std::int32_t i = 0;
-    std::int32_t chunk = 4;
     bool hit = true;
     while (hit && i < max_full) {
       const std::int32_t n = std::min(chunk, max_full - i);
-      chunk = std::min(2 * chunk, max_chunk);
       const token_id* first = tokens.data() + static_cast<std::size_t>(i) * bs;
-      for (std::int32_t j = 0; j < n; ++j) {
-        ahead[j] = detail::content_hash<BlockSize>(first + static_cast<std::size_t>(j) * bs, bs);
-      }
       std::int32_t j = 0;
       for (; j < n; ++j) {
-        const auto* s = next_.lookup(detail::child_key{tag, ahead[j]});
-        if (s == nullptr ||
-            !same_tokens<BlockSize>(s->value, first + static_cast<std::size_t>(j) * bs, bs) ||
-            (last == invalid_block_id && !follows_root(s->value, root))) {
+        const token_id* blk = first + static_cast<std::size_t>(j) * bs;
+        const auto* s =
+            next_.lookup(detail::child_key{tag, detail::content_hash<BlockSize>(blk, bs)});
+        if (s == nullptr || !same_tokens<BlockSize>(s->value, blk, bs) ||
+            (i + j == 0 && !follows_root(s->value, root))) {
           hit = false;
           break;
         }
-        last = s->value;
         tag = block_tag(s->value, s->payload);
         if constexpr (Take) {
           out[i + j] = s->value;
@@ -531,8 +522,8 @@ private:
       const auto rest = tokens.subspan(static_cast<std::size_t>(m.num_tokens));
       block_id best = invalid_block_id;
       std::int32_t best_len = 0;
-      const block_key& parent =
-          last == invalid_block_id ? root : entries_[static_cast<std::size_t>(last)].key;
+      // The last block matched is the one the tag names.
+      const block_key& parent = i == 0 ? root : entries_[(tag >> 32) & 0x7FFFFFFFU].key;
       for (block_id c = children_.find(detail::tag_key{tag}); c != invalid_block_id;
            c = entries_[static_cast<std::size_t>(c)].next_sibling) {
         if (!(entries_[static_cast<std::size_t>(c)].parent == parent)) {
