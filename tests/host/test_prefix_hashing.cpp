@@ -221,13 +221,6 @@ void check_against_std_map(std::uint64_t seed, Make make) {
 
 } // namespace
 
-TEST_CASE("key_map agrees with std::map under random inserts and erases",
-          "[prefix_cache][key_map]") {
-  check_against_std_map<kvkit::detail::key_map>(kvkit_test::test_seed(99), [](std::uint64_t r) {
-    return block_key{(r % 4096) * 0x9E37U, r / 4096};
-  });
-}
-
 TEST_CASE("child_map agrees with std::map and keeps each payload", "[prefix_cache][key_map]") {
   // Keys differ in the tag, the content or both; a content under every tag has the same slot.
   check_against_std_map<kvkit::detail::child_map>(kvkit_test::test_seed(98), [](std::uint64_t r) {

@@ -405,6 +405,10 @@ private:
   static std::uint64_t block_tag(block_id b, std::uint32_t gen) noexcept {
     return block_bit | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(b)) << 32) | gen;
   }
+  // The block a block tag names.
+  static block_id tag_block(std::uint64_t tag) noexcept {
+    return static_cast<block_id>((tag & ~block_bit) >> 32);
+  }
   [[nodiscard]] std::uint64_t tag_of(block_id b) const noexcept {
     return block_tag(b, entries_[static_cast<std::size_t>(b)].gen);
   }
@@ -450,8 +454,8 @@ private:
   // best partial share.
   // With `Take` (match), the blocks found go to `out`, each with a reference taken for the caller,
   // and their keys to `keys`; without it (probe) both are null. The usual block sizes get a walk of
-  // their own, in which the hasher's length dispatch and the token comparison fold to fixed
-  // lengths.
+  // their own, in which the content hash's length dispatch and the token comparison fold to
+  // fixed lengths.
   template <bool Take>
   prefix_match walk(std::span<const token_id> tokens, const block_key& root, block_id* out,
                     std::vector<link>* keys) const {
@@ -522,8 +526,8 @@ private:
       const auto rest = tokens.subspan(static_cast<std::size_t>(m.num_tokens));
       block_id best = invalid_block_id;
       std::int32_t best_len = 0;
-      // The last block matched is the one the tag names.
-      const block_key& parent = i == 0 ? root : entries_[(tag >> 32) & 0x7FFFFFFFU].key;
+      const block_key& parent =
+          i == 0 ? root : entries_[static_cast<std::size_t>(tag_block(tag))].key;
       for (block_id c = children_.find(detail::tag_key{tag}); c != invalid_block_id;
            c = entries_[static_cast<std::size_t>(c)].next_sibling) {
         if (!(entries_[static_cast<std::size_t>(c)].parent == parent)) {

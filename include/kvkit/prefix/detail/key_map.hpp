@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "kvkit/block/types.hpp"
-#include "kvkit/concepts/block_hasher.hpp"
 #include "kvkit/config.hpp"
 
 namespace kvkit::detail {
@@ -29,9 +28,6 @@ struct tag_key {
   friend constexpr bool operator==(const tag_key&, const tag_key&) = default;
 };
 
-[[nodiscard]] constexpr std::uint64_t slot_hash(const block_key& k) noexcept {
-  return k.lo;
-}
 [[nodiscard]] constexpr std::uint64_t slot_hash(const child_key& k) noexcept {
   return k.tag ^ k.content; // the content hash is uniform
 }
@@ -150,8 +146,6 @@ private:
   std::size_t size_ = 0;
 };
 
-// block_key -> block id.
-using key_map = basic_key_map<block_key>;
 // (parent tag, content hash) of a full block -> the block and its generation.
 using child_map = basic_key_map<child_key, std::uint32_t>;
 // Parent tag -> the first entry of its sibling list.
