@@ -202,13 +202,11 @@ __device__ inline float log2_sum_exp(float mx, float sum) {
   return sum > 0.0F ? mx + __log2f(sum) : -INFINITY;
 }
 
-// Four consecutive outputs, scaled, in the output type.
+// Four consecutive outputs, scaled, in the output type: one 8-byte store (`dst` 8-byte aligned).
 template <class T>
 __device__ inline void store_scaled(T* dst, const float4& v, float scale) {
-  dst[0] = from_float<T>(v.x * scale);
-  dst[1] = from_float<T>(v.y * scale);
-  dst[2] = from_float<T>(v.z * scale);
-  dst[3] = from_float<T>(v.w * scale);
+  *reinterpret_cast<uint2*>(dst) = make_uint2(narrow_pair<T>(v.x * scale, v.y * scale),
+                                              narrow_pair<T>(v.z * scale, v.w * scale));
 }
 
 __device__ inline float fast_tanh(float x) {
@@ -503,8 +501,9 @@ template <class K, class V, int D, int NT>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT>;
   constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
-  // The warps' states, then their weights (the cluster merge's partials reuse the states').
-  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4 + NT * 8 * (decode_warps + 1) * 4;
+  // The warps' states, then the block's log2-sum-exps for a cluster merge (its partial outputs
+  // reuse warp 0's states).
+  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4 + NT * 8 * 4;
   return pipeline > merge ? pipeline : merge;
 }
 
@@ -995,11 +994,20 @@ __global__ void __launch_bounds__(
     }
   }
   __syncthreads();
-  // Each head's weights of the warps' states, once per head rather than once per channel:
-  // [rows][warp] the warp's share exp2(m - max) / sum, then [rows] the log2-sum-exp.
-  float* const red_w = red_o + decode_warps * rows * D;
-  if (static_cast<int>(threadIdx.x) < rows) {
-    const int row = static_cast<int>(threadIdx.x);
+  const std::int32_t q_head0 = h * p.group;
+  const std::int64_t row0 = static_cast<std::int64_t>(b) * p.num_q_heads + q_head0;
+  constexpr float ln2 = 0.6931471805599453F;
+  // Each thread merges four consecutive channels of a head at a time, with that head's weights
+  // of the warps' states exp2(m - max) / sum computed by the thread itself: no pass that computes
+  // them first and no barrier after it. For a cluster merge, the block's partial outputs [rows][D]
+  // go over warp 0's states (each element read, then written, by the same thread) and its
+  // log2-sum-exps [rows] after the states (the running maxima are still being read).
+  float* const cl_o = red_o;
+  float* const cl_lse = red_o + decode_warps * rows * D;
+  constexpr int quads = D / 4;
+  for (int e = static_cast<int>(threadIdx.x); e < p.group * quads; e += decode_warps * 32) {
+    const int row = e / quads;
+    const int quad = e - row * quads;
     float mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < decode_warps; ++w) {
@@ -1013,46 +1021,31 @@ __global__ void __launch_bounds__(
       sum += wt[w] * red_l[w * rows + row];
     }
     const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
+    float4 val = make_float4(0.0F, 0.0F, 0.0F, 0.0F);
 #pragma unroll
     for (int w = 0; w < decode_warps; ++w) {
-      red_w[row * (decode_warps + 1) + w] = wt[w] * inv;
+      const float4 x = *reinterpret_cast<const float4*>(red_o + (w * rows + row) * D + quad * 4);
+      const float f = wt[w] * inv;
+      val.x += f * x.x;
+      val.y += f * x.y;
+      val.z += f * x.z;
+      val.w += f * x.w;
     }
-    red_w[row * (decode_warps + 1) + decode_warps] = log2_sum_exp(mx, sum);
-  }
-  __syncthreads();
-
-  const std::int32_t q_head0 = h * p.group;
-  const std::int64_t row0 = static_cast<std::int64_t>(b) * p.num_q_heads + q_head0;
-  constexpr float ln2 = 0.6931471805599453F;
-  // Cluster merge: this block's partial outputs [rows][D] over warp 0's states (each element is
-  // read, then written, by the same thread below) and its log2-sum-exps [rows] over the running
-  // maxima (last read before the barrier above).
-  float* const cl_o = red_o;
-  float* const cl_lse = red_m;
-  for (int e = static_cast<int>(threadIdx.x); e < p.group * D; e += decode_warps * 32) {
-    const int row = e / D;
-    const int ch = e % D;
-    const float* const wts = red_w + row * (decode_warps + 1);
-    float val = 0.0F;
-#pragma unroll
-    for (int w = 0; w < decode_warps; ++w) {
-      val += wts[w] * red_o[(w * rows + row) * D + ch];
-    }
-    const float lse2 = wts[decode_warps];
+    const float lse2 = log2_sum_exp(mx, sum);
     if (nsplit == 1) {
-      p.out[(row0 + row) * D + ch] = from_float<T>(val * v_static);
-      if (ch == 0 && p.lse != nullptr) {
+      store_scaled(p.out + (row0 + row) * D + quad * 4, val, v_static);
+      if (quad == 0 && p.lse != nullptr) {
         p.lse[row0 + row] = lse2 * ln2;
       }
     } else if (p.cluster) {
-      cl_o[row * D + ch] = val;
-      if (ch == 0) {
+      *reinterpret_cast<float4*>(cl_o + row * D + quad * 4) = val;
+      if (quad == 0) {
         cl_lse[row] = lse2;
       }
     } else {
       const std::int64_t prow = (row0 + row) * p.max_splits + split;
-      p.part_o[prow * D + ch] = val;
-      if (ch == 0) {
+      *reinterpret_cast<float4*>(p.part_o + prow * D + quad * 4) = val;
+      if (quad == 0) {
         p.part_lse[prow] = lse2;
       }
     }
@@ -1067,19 +1060,30 @@ __global__ void __launch_bounds__(
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
     cluster.sync(); // every block's partial is in its shared memory
-    constexpr int quads = D / 4;
     constexpr int threads = decode_warps * 32;
     const int outputs = p.group * quads;
     const int stride = static_cast<int>(gridDim.x) * threads;
     for (int e = split * threads + static_cast<int>(threadIdx.x); e < outputs; e += stride) {
       const int row = e / quads;
       const int quad = e - row * quads;
+      // Every split's log-sum-exp and outputs are read before any is used, so the reads of
+      // the other blocks' memory take one round trip, not one for the weights and one more for
+      // the outputs they weigh.
       float ls[decode_plan::max_cluster_splits];
+      float4 v[decode_plan::max_cluster_splits];
+#pragma unroll
+      for (int sp = 0; sp < decode_plan::max_cluster_splits; ++sp) {
+        ls[sp] = -INFINITY;
+        v[sp] = make_float4(0.0F, 0.0F, 0.0F, 0.0F);
+        if (sp < nsplit) {
+          ls[sp] = *cluster.map_shared_rank(cl_lse + row, static_cast<unsigned>(sp));
+          v[sp] = *reinterpret_cast<const float4*>(
+              cluster.map_shared_rank(cl_o + row * D + quad * 4, static_cast<unsigned>(sp)));
+        }
+      }
       float mx = -INFINITY;
 #pragma unroll
       for (int sp = 0; sp < decode_plan::max_cluster_splits; ++sp) {
-        ls[sp] = sp < nsplit ? *cluster.map_shared_rank(cl_lse + row, static_cast<unsigned>(sp))
-                             : -INFINITY;
         mx = fmaxf(mx, ls[sp]);
       }
       float sum = 0.0F;
@@ -1088,13 +1092,11 @@ __global__ void __launch_bounds__(
       for (int sp = 0; sp < decode_plan::max_cluster_splits; ++sp) {
         if (sp < nsplit && mx != -INFINITY) {
           const float w = fast_exp2(ls[sp] - mx);
-          const float4 v = *reinterpret_cast<const float4*>(
-              cluster.map_shared_rank(cl_o + row * D + quad * 4, static_cast<unsigned>(sp)));
           sum += w;
-          acc.x += w * v.x;
-          acc.y += w * v.y;
-          acc.z += w * v.z;
-          acc.w += w * v.w;
+          acc.x += w * v[sp].x;
+          acc.y += w * v[sp].y;
+          acc.z += w * v[sp].z;
+          acc.w += w * v[sp].w;
         }
       }
       store_scaled(p.out + (row0 + row) * D + quad * 4, acc, sum > 0.0F ? v_static / sum : 0.0F);
@@ -1132,7 +1134,6 @@ __global__ void __launch_bounds__(
   // exp2(lse - max) there; then each thread sums the weighted partials of its outputs. The first
   // 128 bytes hold the arrival flag, which other threads may still be reading.
   constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT>();
-  constexpr int quads = D / 4;
   constexpr int threads = decode_warps * 32;
   constexpr int max_outputs = (16 * quads + threads - 1) / threads;
   static_assert(128 + (16 * decode_plan::max_splits_limit + 16) * 4 + 16 * D * 4 <= smem_bytes,
