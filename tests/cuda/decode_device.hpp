@@ -28,6 +28,11 @@ struct decode_mode {
   // Launches of each step, back to back on one stream with no host synchronization between them
   // (the outputs poisoned again on the stream before each); the last one's results are returned.
   std::int32_t repeats = 1;
+  bool dependent_launch = true; // decode_args::dependent_launch
+  // The queries reach the decode's buffer through a kernel launched just before each decode,
+  // which lets dependents launch at once and then copies late (poisoned queries until then): a
+  // decode that read them before waiting for that kernel would see NaN.
+  bool late_queries = false;
 };
 
 struct decode_outcome {

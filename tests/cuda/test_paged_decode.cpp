@@ -365,6 +365,33 @@ TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths chan
   check_steps(pr, steps, q_heads, got);
 }
 
+TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[cuda][decode]") {
+  // The queries are written by a kernel that lets its dependents start at once and copies about
+  // 20 us later; a decode launched as its programmatic dependent must still read the copied
+  // queries (one split, splits merged in clusters, and through the workspace), and an ordinary
+  // launch gives the same results.
+  const std::uint64_t seed = kvkit_test::test_seed(0x9D1);
+  const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
+  const std::int32_t q_heads = 8;
+  problem<bf16_nhd> pr(layout, 480, seed);
+  const std::vector<kvkit_test::decode_step> steps{
+      pr.make_step<__nv_bfloat16>({1, 300, 2100, 5000}, q_heads)};
+  for (const std::int32_t sms : {1, 16, 4096}) {
+    for (const bool dependent : {true, false}) {
+      kvkit_test::decode_mode mode;
+      mode.sm_count = sms;
+      mode.late_queries = true;
+      mode.dependent_launch = dependent;
+      const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+          layout, pr.cache, pr.capacity, {4, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+      INFO("seed " << seed << " sms " << sms << " dependent " << dependent << " splits "
+                   << got.max_splits << " error " << cudaGetErrorString(got.error));
+      REQUIRE(got.error == cudaSuccess);
+      check_steps(pr, steps, q_heads, got);
+    }
+  }
+}
+
 TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothing outside",
           "[cuda][decode]") {
   const std::uint64_t seed = kvkit_test::test_seed(0xBAD);

@@ -56,6 +56,11 @@ struct decode_args {
   //! Debug mode when set: every page id is checked against [0, capacity); a bad one sets
   //! *page_check to 1 and its keys read as zeros instead of reading outside the cache.
   std::int32_t* page_check = nullptr;
+  //! Launch as a programmatic dependent of the kernel before it on the stream (compute
+  //! capability 9 and up; ignored below): the decode grid is placed while that kernel's grid
+  //! retires, instead of after, and its blocks wait for that kernel's writes before they touch
+  //! memory, so the result is the same. False: an ordinary launch in stream order.
+  bool dependent_launch = true;
 };
 
 namespace detail {
@@ -539,6 +544,15 @@ __global__ void __launch_bounds__(
   if (b >= p.table.batch_size) {
     return;
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the kernel before it on the stream
+  // (decode_args::dependent_launch), this grid is placed while that kernel's grid retires: no
+  // block reads or writes memory before that kernel has finished and its writes are visible. A
+  // no-op in an ordinary launch. The kernel signals no dependents of its own early (measured on
+  // the H200: signalling once a block is past its keys made int4 B=32, L=512 10% slower and
+  // gained nothing in the back-to-back loop over this).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   // The group's queries are read first: their address needs no page table, so their round trip
   // to memory overlaps the page table's instead of following the first copies (H200, bf16 B=1,
   // L=2048: the queries arrived 1.3 us after the prologue's copies were issued). This thread's
@@ -1314,11 +1328,14 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   config.blockDim = dim3(decode_warps * 32);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = static_cast<unsigned>(plan.max_splits);
-  cluster[0].val.clusterDim.y = 1;
-  cluster[0].val.clusterDim.z = 1;
+  // The cluster shape (used where the splits merge in clusters), then the dependent launch.
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(plan.max_splits);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = a.dependent_launch ? 1 : 0;
   // Up to max_cluster_splits splits merge inside a cluster of their blocks, where every cluster
   // of the grid can be resident at once; otherwise (a grid of clusters takes longer to place
   // than one of blocks: H200, bf16 B=8, L=8192 in clusters of 4: 96 us against 70) the splits go
@@ -1330,7 +1347,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     std::atomic<std::int32_t>& known = fit[device][plan.max_splits];
     std::int32_t max_clusters = known.load(std::memory_order_acquire) - 1;
     if (max_clusters < 0) {
-      config.attrs = cluster;
+      config.attrs = attrs;
       config.numAttrs = 1;
       int n = 0;
       if (const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &config);
@@ -1344,8 +1361,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     p.cluster =
         static_cast<std::int64_t>(a.table.batch_size) * plan.shape.num_kv_heads <= max_clusters;
   }
-  config.attrs = p.cluster ? cluster : nullptr;
-  config.numAttrs = p.cluster ? 1 : 0;
+  config.attrs = p.cluster ? attrs : attrs + 1;
+  config.numAttrs = p.cluster ? 2 : 1;
   if (plan.max_splits > 1 && !p.cluster) {
     // The arrival counters start at zero: where they lie depends on the plan, so a workspace
     // that served another plan holds anything there.
@@ -1386,8 +1403,9 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! thread block clusters where it can (compute capability 9 and up, at most
 //! decode_plan::max_cluster_splits splits, and every cluster of the grid resident at once), and
 //! otherwise through the workspace, after zeroing its arrival counters with a memset on `stream`.
-//! One kernel launch, asynchronous on `stream`; no allocation, no host synchronization, so a
-//! launch with a graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when
+//! One kernel launch, asynchronous on `stream` (by default a programmatic dependent launch:
+//! decode_args::dependent_launch); no allocation, no host synchronization, so a launch with a
+//! graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when
 //! `validate` fails.
 template <class Layout, query_element T>
 [[nodiscard]] cudaError_t paged_decode(const decode_args<Layout, T>& a, const decode_plan& plan,
