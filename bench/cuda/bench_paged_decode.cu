@@ -5,7 +5,9 @@
 // sets so that no launch finds its keys in the 60 MB L2. Time per call comes from a back-to-back
 // loop of launches between two events (median of 7 loops). The paged_decode_graph rows capture
 // the same loop, planned with plan_decode_graph_safe, in a CUDA graph and time its replays, as an
-// engine that runs its decode step from a graph would see the kernel.
+// engine that runs its decode step from a graph would see the kernel. Launches use the defaults
+// an engine would (each a programmatic dependent of the one before) and a workspace zeroed once
+// at allocation (decode_args::workspace_zeroed, so split shapes need no memset before each).
 //
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
 // memcpy of 1 GB from the same run, PyTorch SDPA on contiguous KV of the same shape when
@@ -217,8 +219,10 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   if (graph) {
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   }
+  // Zeroed once, as an engine that sets decode_args::workspace_zeroed would.
   std::byte* ws = nullptr;
   cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 16));
+  cudaMemset(ws, 0, std::max<std::size_t>(plan.workspace_bytes(), 16));
 
   std::vector<kvkit::cuda::decode_args<Layout, __nv_bfloat16>> args(
       static_cast<std::size_t>(rotations));
@@ -231,6 +235,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     a.q = d_q + q_elems * static_cast<std::size_t>(r);
     a.out = d_out + q_elems * static_cast<std::size_t>(r);
     a.static_scales = ctx->scales;
+    a.workspace_zeroed = true;
   }
   int next = 0;
   const auto launch = [&] {

@@ -112,13 +112,20 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
     plans.push_back(*plan);
   }
   std::size_t ws_bytes = 0;
+  std::size_t counter_bytes = 0;
   for (const auto& p : plans) {
     ws_bytes = std::max(ws_bytes, p.workspace_bytes());
+    if (p.workspace_bytes() > 0) {
+      counter_bytes = std::max(counter_bytes, p.counter_bytes());
+    }
   }
   std::byte* d_ws = nullptr;
   KVKIT_TRY(mem.alloc(d_ws, ws_bytes));
   // Garbage, not zeros: the launcher owes the workspace no initialization.
   KVKIT_TRY(cudaMemset(d_ws, 0xA5, std::max<std::size_t>(ws_bytes, 1)));
+  if (mode.workspace_zeroed && counter_bytes > 0) {
+    KVKIT_TRY(cudaMemset(d_ws, 0, counter_bytes));
+  }
 
   kvkit::cuda::decode_args<Layout, T> a;
   a.layout = layout;
@@ -134,6 +141,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   a.options = options;
   a.page_check = mode.check_pages ? d_check : nullptr;
   a.dependent_launch = mode.dependent_launch;
+  a.workspace_zeroed = mode.workspace_zeroed;
 
   cudaStream_t stream = nullptr;
   KVKIT_TRY(cudaStreamCreate(&stream));
@@ -192,8 +200,11 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   KVKIT_TRY(cudaMemcpy(&out.page_check, d_check, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
   std::vector<std::uint8_t> ws(ws_bytes);
   KVKIT_TRY(cudaMemcpy(ws.data(), d_ws, ws_bytes, cudaMemcpyDeviceToHost));
-  out.workspace_written =
-      std::any_of(ws.begin(), ws.end(), [](std::uint8_t x) { return x != 0xA5; });
+  out.workspace_written = std::any_of(ws.begin() + static_cast<std::ptrdiff_t>(counter_bytes),
+                                      ws.end(), [](std::uint8_t x) { return x != 0xA5; });
+  out.counters_zero =
+      std::all_of(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(counter_bytes),
+                  [](std::uint8_t x) { return x == 0; });
   int device = 0;
   int clusters = 0;
   KVKIT_TRY(cudaGetDevice(&device));

@@ -29,6 +29,9 @@ struct decode_mode {
   // (the outputs poisoned again on the stream before each); the last one's results are returned.
   std::int32_t repeats = 1;
   bool dependent_launch = true; // decode_args::dependent_launch
+  // decode_args::workspace_zeroed: the workspace's counters are zeroed once before the first
+  // launch (the rest stays garbage) and must be zero again after the last.
+  bool workspace_zeroed = false;
   // The queries reach the decode's buffer through a kernel launched just before each decode,
   // which lets dependents launch at once and then copies late (poisoned queries until then): a
   // decode that read them before waiting for that kernel would see NaN.
@@ -45,6 +48,7 @@ struct decode_outcome {
   // its splits in thread block clusters leaves as it is), and whether the device has clusters.
   bool workspace_written = false;
   bool cluster_device = false;
+  bool counters_zero = false; // the workspace's counter bytes all zero after the last launch
 };
 
 // Runs paged_decode_dim<HeadDim> on each step over one device copy of `cache` (capacity pages),

@@ -329,16 +329,22 @@ TEST_CASE("paged_decode: one workspace serves plans of different batches in turn
            {3000, 2000, 1500, 900, 700, 5000}, {4000}, {2500, 3500, 100}, {1, 6000}}) {
     steps.push_back(pr.make_step<__nv_bfloat16>(lens, q_heads));
   }
-  kvkit_test::decode_mode mode;
-  mode.sm_count = 4096; // many splits, so every step uses the workspace
   // Back to back, with no host synchronization between launches: each zeroes its arrival
-  // counters on the stream after the launch before it has counted in the same words.
-  mode.repeats = 3;
-  const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
-      pr.layout, pr.cache, pr.capacity, {6, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
-  INFO("seed " << seed << " error " << cudaGetErrorString(got.error));
-  REQUIRE(got.error == cudaSuccess);
-  check_steps(pr, steps, q_heads, got);
+  // counters on the stream after the launch before it has counted in the same words; or, with a
+  // workspace the caller zeroed once, each leaves them zero for the next.
+  for (const bool zeroed : {false, true}) {
+    kvkit_test::decode_mode mode;
+    mode.sm_count = 4096; // many splits, so every step uses the workspace
+    mode.repeats = 3;
+    mode.workspace_zeroed = zeroed;
+    const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+        pr.layout, pr.cache, pr.capacity, {6, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+    INFO("seed " << seed << " zeroed " << zeroed << " error " << cudaGetErrorString(got.error));
+    REQUIRE(got.error == cudaSuccess);
+    CHECK(got.workspace_written);
+    CHECK(got.counters_zero);
+    check_steps(pr, steps, q_heads, got);
+  }
 }
 
 TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths change",

@@ -61,6 +61,12 @@ struct decode_args {
   //! retires, instead of after, and its blocks wait for that kernel's writes before they touch
   //! memory, so the result is the same. False: an ordinary launch in stream order.
   bool dependent_launch = true;
+  //! The caller zeroed the workspace once (cudaMemset of all of it, before its first launch) and
+  //! uses it for nothing but these launches: each launch leaves its counters at zero again, so
+  //! the launcher skips the memset that zeroes them. The kernel then follows the kernel before it
+  //! directly, which is what lets a dependent launch overlap it. A launch that fails part way can
+  //! leave counters set: zero the workspace again after an error.
+  bool workspace_zeroed = false;
 };
 
 namespace detail {
@@ -1134,6 +1140,9 @@ __global__ void __launch_bounds__(
         p.counters + static_cast<std::int64_t>(b) * layout.num_kv_heads() + h;
     const std::uint32_t before = atomicAdd(counter, 1U);
     last_block = before == static_cast<std::uint32_t>(nsplit - 1) ? 1 : 0;
+    if (last_block != 0) {
+      *counter = 0U; // every split has counted: the word is left as a zeroed workspace had it
+    }
   }
   __syncthreads();
   if (last_block == 0) {
@@ -1363,9 +1372,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   }
   config.attrs = p.cluster ? attrs : attrs + 1;
   config.numAttrs = p.cluster ? 2 : 1;
-  if (plan.max_splits > 1 && !p.cluster) {
+  if (plan.max_splits > 1 && !p.cluster && !a.workspace_zeroed) {
     // The arrival counters start at zero: where they lie depends on the plan, so a workspace
-    // that served another plan holds anything there.
+    // that served another plan holds anything there (unless the caller keeps it zeroed).
     if (const cudaError_t e = cudaMemsetAsync(p.counters, 0, plan.counter_bytes(), stream);
         e != cudaSuccess) {
       return e;
@@ -1402,7 +1411,8 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! plan.workspace_bytes() bytes and needs no initialization. A split launch merges its splits in
 //! thread block clusters where it can (compute capability 9 and up, at most
 //! decode_plan::max_cluster_splits splits, and every cluster of the grid resident at once), and
-//! otherwise through the workspace, after zeroing its arrival counters with a memset on `stream`.
+//! otherwise through the workspace, after zeroing its arrival counters with a memset on `stream`
+//! (skipped when the caller keeps the workspace zeroed: decode_args::workspace_zeroed).
 //! One kernel launch, asynchronous on `stream` (by default a programmatic dependent launch:
 //! decode_args::dependent_launch); no allocation, no host synchronization, so a launch with a
 //! graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when
