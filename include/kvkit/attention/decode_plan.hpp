@@ -87,7 +87,9 @@ struct decode_plan {
 
   //! Bytes of workspace: partial outputs and log-sum-exps (fp32) of every split, and one arrival
   //! counter per (sequence, KV head). Zero when no sequence is split. The launcher zeroes the
-  //! counters itself, so a workspace needs no initialization and can serve any plan that fits.
+  //! counters itself, so a workspace needs no initialization and can serve any plan that fits
+  //! (a caller that zeroes it once can let the launcher skip that: workspace_zeroed of the
+  //! launcher's arguments, kvkit::cuda::decode_args).
   [[nodiscard]] constexpr std::size_t workspace_bytes() const {
     if (max_splits <= 1) {
       return 0;
