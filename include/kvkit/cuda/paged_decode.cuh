@@ -1343,8 +1343,11 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   attrs[0].val.clusterDim.x = static_cast<unsigned>(plan.max_splits);
   attrs[0].val.clusterDim.y = 1;
   attrs[0].val.clusterDim.z = 1;
+  // A dependent launch needs compute capability 9 and a kernel built for it: the same condition
+  // as the cluster merge, noted per device above.
   attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = a.dependent_launch ? 1 : 0;
+  attrs[1].val.programmaticStreamSerializationAllowed =
+      a.dependent_launch && (clusters.load(std::memory_order_acquire) & bit) != 0 ? 1 : 0;
   // Up to max_cluster_splits splits merge inside a cluster of their blocks, where every cluster
   // of the grid can be resident at once; otherwise (a grid of clusters takes longer to place
   // than one of blocks: H200, bf16 B=8, L=8192 in clusters of 4: 96 us against 70) the splits go
