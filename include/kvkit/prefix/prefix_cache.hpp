@@ -485,39 +485,25 @@ private:
     const std::int32_t max_full = limit / block_size_;
     // A block is found among the children of the block before it (by that block's tag) by the
     // hash of its tokens: the walk computes no chained key. A block's hash does not wait for
-    // the lookup before it, so the processor overlaps the two. Matched links go to `keys` a
-    // chunk at a time.
-    constexpr std::int32_t chunk = 32;
-    [[maybe_unused]] link found[Take ? chunk : 1];
+    // the lookup before it, so the processor overlaps the two.
     std::uint64_t tag = root_tag(root);
     std::int32_t i = 0;
-    bool hit = true;
-    while (hit && i < max_full) {
-      const std::int32_t n = std::min(chunk, max_full - i);
-      const token_id* first = tokens.data() + static_cast<std::size_t>(i) * bs;
-      std::int32_t j = 0;
-      for (; j < n; ++j) {
-        const token_id* blk = first + static_cast<std::size_t>(j) * bs;
-        const auto* s =
-            next_.lookup(detail::child_key{tag, detail::content_hash<BlockSize>(blk, bs)});
-        if (s == nullptr || !same_tokens<BlockSize>(s->value, blk, bs) ||
-            (i + j == 0 && !follows_root(s->value, root))) {
-          hit = false;
-          break;
-        }
-        tag = block_tag(s->value, s->payload);
-        if constexpr (Take) {
-          out[i + j] = s->value;
-          take(s->value);
-          found[j] = link{entries_[static_cast<std::size_t>(s->value)].key, tag};
-        } else {
-          m.num_evictable += pool_->ref_count(s->value) == 0 ? 1 : 0;
-        }
+    for (; i < max_full; ++i) {
+      const token_id* blk = tokens.data() + static_cast<std::size_t>(i) * bs;
+      const auto* s =
+          next_.lookup(detail::child_key{tag, detail::content_hash<BlockSize>(blk, bs)});
+      if (s == nullptr || !same_tokens<BlockSize>(s->value, blk, bs) ||
+          (i == 0 && !follows_root(s->value, root))) {
+        break;
       }
+      tag = block_tag(s->value, s->payload);
       if constexpr (Take) {
-        keys->insert(keys->end(), found, found + j);
+        out[i] = s->value;
+        take(s->value);
+        keys->push_back(link{entries_[static_cast<std::size_t>(s->value)].key, tag});
+      } else {
+        m.num_evictable += pool_->ref_count(s->value) == 0 ? 1 : 0;
       }
-      i += j;
     }
     m.num_blocks = i;
     m.num_tokens = i * block_size_;
