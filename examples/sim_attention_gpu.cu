@@ -139,7 +139,12 @@ public:
         fail("decode plan rejected");
         return;
       }
-      check(workspace_.reserve(plan->workspace_bytes())); // grows; reused across plans
+      // The workspace grows when a plan needs more; a new one is zeroed once, and every launch
+      // leaves its counters at zero again, so the launches skip their memset (workspace_zeroed).
+      if (plan->workspace_bytes() > workspace_.size) {
+        check(workspace_.reserve(plan->workspace_bytes()));
+        check(cudaMemsetAsync(workspace_.ptr, 0, workspace_.size, stream_));
+      }
       check(indptr_.upload(w.indptr, stream_));
       check(indices_.upload(w.indices, stream_));
       check(last_.upload(w.last_page_len, stream_));
@@ -159,6 +164,7 @@ public:
           kvkit::csr_page_table{indptr_.ptr, indices_.ptr, last_.ptr, batch, layout_.page_size()};
       a.q = q_.ptr;
       a.out = out_.ptr;
+      a.workspace_zeroed = true;
       check(cudaEventRecord(decode_start_, stream_));
       check(kvkit::cuda::paged_decode(a, *plan, workspace_.ptr, workspace_.size, stream_));
       check(cudaEventRecord(decode_stop_, stream_));
