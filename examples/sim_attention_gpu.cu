@@ -165,6 +165,7 @@ public:
       a.q = q_.ptr;
       a.out = out_.ptr;
       a.workspace_zeroed = true;
+      a.page_table_ready = true; // uploaded above, before the kernel the decode follows
       check(cudaEventRecord(decode_start_, stream_));
       check(kvkit::cuda::paged_decode(a, *plan, workspace_.ptr, workspace_.size, stream_));
       check(cudaEventRecord(decode_stop_, stream_));

@@ -142,6 +142,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   a.page_check = mode.check_pages ? d_check : nullptr;
   a.dependent_launch = mode.dependent_launch;
   a.workspace_zeroed = mode.workspace_zeroed;
+  a.page_table_ready = mode.page_table_ready;
 
   cudaStream_t stream = nullptr;
   KVKIT_TRY(cudaStreamCreate(&stream));

@@ -36,6 +36,7 @@ struct decode_mode {
   // which lets dependents launch at once and then copies late (poisoned queries until then): a
   // decode that read them before waiting for that kernel would see NaN.
   bool late_queries = false;
+  bool page_table_ready = false; // decode_args::page_table_ready (the table is uploaded first)
 };
 
 struct decode_outcome {

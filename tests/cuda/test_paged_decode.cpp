@@ -363,7 +363,8 @@ TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths chan
   kvkit_test::decode_mode mode;
   mode.graph = true;
   mode.max_seq_len = 1024;
-  mode.repeats = 2; // the graph replayed back to back
+  mode.repeats = 2;             // the graph replayed back to back
+  mode.page_table_ready = true; // the table is uploaded before the graph runs
   const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
       layout, pr.cache, pr.capacity, shape, steps, pr.scales, {}, mode);
   INFO("seed " << seed << " error " << cudaGetErrorString(got.error));
@@ -374,8 +375,9 @@ TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths chan
 TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[cuda][decode]") {
   // The queries are written by a kernel that lets its dependents start at once and copies about
   // 20 us later; a decode launched as its programmatic dependent must still read the copied
-  // queries (one split, splits merged in clusters, and through the workspace), and an ordinary
-  // launch gives the same results.
+  // queries (one split, splits merged in clusters, and through the workspace), also when it reads
+  // the page table (uploaded before) ahead of its wait, and an ordinary launch gives the same
+  // results.
   const std::uint64_t seed = kvkit_test::test_seed(0x9D1);
   const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
   const std::int32_t q_heads = 8;
@@ -383,14 +385,15 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
   const std::vector<kvkit_test::decode_step> steps{
       pr.make_step<__nv_bfloat16>({1, 300, 2100, 5000}, q_heads)};
   for (const std::int32_t sms : {1, 16, 4096}) {
-    for (const bool dependent : {true, false}) {
+    for (const int variant : {0, 1, 2}) { // dependent; dependent, table read early; ordinary
       kvkit_test::decode_mode mode;
       mode.sm_count = sms;
       mode.late_queries = true;
-      mode.dependent_launch = dependent;
+      mode.dependent_launch = variant < 2;
+      mode.page_table_ready = variant == 1;
       const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
           layout, pr.cache, pr.capacity, {4, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
-      INFO("seed " << seed << " sms " << sms << " dependent " << dependent << " splits "
+      INFO("seed " << seed << " sms " << sms << " variant " << variant << " splits "
                    << got.max_splits << " error " << cudaGetErrorString(got.error));
       REQUIRE(got.error == cudaSuccess);
       check_steps(pr, steps, q_heads, got);

@@ -59,7 +59,10 @@ struct decode_args {
   //! Launch as a programmatic dependent of the kernel before it on the stream (compute
   //! capability 9 and up; ignored below): the decode grid is placed while that kernel's grid
   //! retires, instead of after, and its blocks wait for that kernel's writes before they touch
-  //! memory, so the result is the same. False: an ordinary launch in stream order.
+  //! memory, so the result is the same. A grid of at most one block per multiprocessor (a small
+  //! batch) also lets the launch after it start once its blocks are past their keys (that
+  //! launch, if it is a dependent launch, still waits for this one's results). False: an
+  //! ordinary launch in stream order.
   bool dependent_launch = true;
   //! The caller zeroed the workspace once (cudaMemset of all of it, before its first launch) and
   //! uses it for nothing but these launches: each launch leaves its counters at zero again, so
@@ -67,6 +70,16 @@ struct decode_args {
   //! directly, which is what lets a dependent launch overlap it. A launch that fails part way can
   //! leave counters set: zero the workspace again after an error.
   bool workspace_zeroed = false;
+  //! With dependent_launch: the page table (table.indptr, indices, last_page_len) is not written
+  //! by the kernel the decode follows on the stream, nor by one still running before it (it was
+  //! uploaded or built earlier, as an engine's page table is), so the decode reads it before it
+  //! waits for that kernel, and its two dependent round trips (the sequence's extent, then its
+  //! page ids) overlap that kernel's end. The queries, the cache and everything else are still
+  //! read after the wait. Used where the grid has at most one block per multiprocessor, the
+  //! grids that signal their own dependents early, so that a decode after such a decode is placed
+  //! early and has time to read; a larger grid reads the queries first and the table after the
+  //! wait, which measured faster there. False: every read waits.
+  bool page_table_ready = false;
 };
 
 namespace detail {
@@ -174,7 +187,9 @@ struct decode_params {
   float* part_o;
   float* part_lse;
   std::int32_t max_splits;
-  bool cluster; // the splits of a (sequence, KV head) form one thread block cluster
+  bool cluster;          // the splits of a (sequence, KV head) form one thread block cluster
+  bool page_table_ready; // the page table is read before griddepcontrol.wait
+  bool signal_early;     // griddepcontrol.launch_dependents once a block is past its keys
 };
 
 // ---- device building blocks -------------------------------------------------------------------
@@ -550,48 +565,60 @@ __global__ void __launch_bounds__(
   if (b >= p.table.batch_size) {
     return;
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the kernel before it on the stream
   // (decode_args::dependent_launch), this grid is placed while that kernel's grid retires: no
-  // block reads or writes memory before that kernel has finished and its writes are visible. A
-  // no-op in an ordinary launch. The kernel signals no dependents of its own early (measured on
-  // the H200: signalling once a block is past its keys made int4 B=32, L=512 10% slower and
-  // gained nothing in the back-to-back loop over this).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // block reads memory that kernel may write before it has finished and its writes are visible
+  // (griddepcontrol.wait; a no-op in an ordinary launch). That is every read, or with
+  // decode_args::page_table_ready every read but the page table's, which then overlap the wait.
+  const auto wait_for_dependency = [] {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  // The group's queries are read first: their address needs no page table, so their round trip
-  // to memory overlaps the page table's instead of following the first copies (H200, bf16 B=1,
-  // L=2048: the queries arrived 1.3 us after the prologue's copies were issued). This thread's
-  // relative K channels of head tile nt, row g, two to a word: each of its K items is a run of
-  // whole 16-byte pieces of the query row (kf::k_abs), read 16 bytes at a time (validate
-  // requires 16-byte aligned queries; a row is D elements).
+  };
+  // This thread's relative K channels of head tile nt, row g, two to a word: each of its K items
+  // is a run of whole 16-byte pieces of the query row (kf::k_abs), read 16 bytes at a time
+  // (validate requires 16-byte aligned queries; a row is D elements).
   constexpr int item_words = kf::k_item_channels * static_cast<int>(sizeof(T)) / 4;
   std::uint32_t qw[NT][kf::k_items * item_words];
+  const auto load_queries = [&] {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int head = nt * 8 + g;
-    const T* qrow = p.q + (static_cast<std::int64_t>(b) * p.num_q_heads + h * p.group + head) * D;
+    for (int nt = 0; nt < NT; ++nt) {
+      const int head = nt * 8 + g;
+      const T* qrow = p.q + (static_cast<std::int64_t>(b) * p.num_q_heads + h * p.group + head) * D;
 #pragma unroll
-    for (int n = 0; n < kf::k_items; ++n) {
+      for (int n = 0; n < kf::k_items; ++n) {
 #pragma unroll
-      for (int v = 0; v < item_words / 4; ++v) {
-        const uint4 x =
-            head < p.group
-                ? *reinterpret_cast<const uint4*>(qrow + (4 * n + i) * kf::k_item_channels + 8 * v)
-                : make_uint4(0U, 0U, 0U, 0U);
-        std::uint32_t* const w = &qw[nt][n * item_words + 4 * v];
-        w[0] = x.x;
-        w[1] = x.y;
-        w[2] = x.z;
-        w[3] = x.w;
+        for (int v = 0; v < item_words / 4; ++v) {
+          const uint4 x = head < p.group ? *reinterpret_cast<const uint4*>(
+                                               qrow + (4 * n + i) * kf::k_item_channels + 8 * v)
+                                         : make_uint4(0U, 0U, 0U, 0U);
+          std::uint32_t* const w = &qw[nt][n * item_words + 4 * v];
+          w[0] = x.x;
+          w[1] = x.y;
+          w[2] = x.z;
+          w[3] = x.w;
+        }
       }
     }
+  };
+  if (!p.page_table_ready) {
+    wait_for_dependency();
   }
+  // The sequence's extent, then the group's queries: their address needs no page table, so their
+  // round trip to memory overlaps the page table's instead of following the first copies (H200,
+  // bf16 B=1, L=2048: the queries arrived 1.3 us after the prologue's copies were issued). The
+  // extent's loads go out first: they start the chain of round trips to the first tiles (H200:
+  // the queries' four loads issued ahead of them made bf16 B=8, L=512 2.5% slower). Unless the
+  // page table is read before the wait: then the queries follow it and the wait.
   const Layout& layout = p.layout;
   const std::int32_t first_page = p.table.indptr[b];
-  const std::int32_t npages = p.table.indptr[b + 1] - first_page;
-  const std::int32_t len =
-      npages <= 0 ? 0 : (npages - 1) * layout.page_size() + p.table.last_page_len[b];
+  const std::int32_t last_page = p.table.indptr[b + 1];
+  const std::int32_t last_len = p.table.last_page_len[b];
+  if (!p.page_table_ready) {
+    load_queries();
+  }
+  const std::int32_t npages = last_page - first_page;
+  const std::int32_t len = npages <= 0 ? 0 : (npages - 1) * layout.page_size() + last_len;
   if (len <= 0) {
     return; // not a valid decode input (validate documents it); nothing to attend to
   }
@@ -616,18 +643,6 @@ __global__ void __launch_bounds__(
   const std::int32_t ntiles = (c1 - c0 + 15) / 16;
   const std::int32_t my_tiles =
       ntiles > warp ? (ntiles - warp + decode_warps - 1) / decode_warps : 0;
-
-  float k_static = 1.0F;
-  float v_static = 1.0F;
-  if constexpr (kf::static_scale) {
-    k_static = p.static_scales[h];
-  }
-  if constexpr (vf::static_scale) {
-    v_static = p.static_scales[layout.num_kv_heads() + h];
-  }
-  const float logit_scale = p.scale * k_static;
-  const bool capped = p.soft_cap > 0.0F;
-  const float inv_cap = capped ? 1.0F / p.soft_cap : 0.0F;
 
   char* const warp_smem =
       reinterpret_cast<char*>(smem_raw) + static_cast<std::size_t>(warp) * stages * sl::bytes;
@@ -764,6 +779,21 @@ __global__ void __launch_bounds__(
   for (int t = 0; t < stages; ++t) {
     first_ids[t] = page_of(t, first_slots[t]);
   }
+  if (p.page_table_ready) {
+    wait_for_dependency();
+    load_queries();
+  }
+  float k_static = 1.0F;
+  float v_static = 1.0F;
+  if constexpr (kf::static_scale) {
+    k_static = p.static_scales[h];
+  }
+  if constexpr (vf::static_scale) {
+    v_static = p.static_scales[layout.num_kv_heads() + h];
+  }
+  const float logit_scale = p.scale * k_static;
+  const bool capped = p.soft_cap > 0.0F;
+  const float inv_cap = capped ? 1.0F / p.soft_cap : 0.0F;
 #pragma unroll
   for (int t = 0; t < stages - 1; ++t) {
     key_loc loc;
@@ -977,6 +1007,12 @@ __global__ void __launch_bounds__(
     (std::make_integer_sequence<int, ksteps>{});
   }
   cp_async_wait<0>();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // A small grid lets the launch after it start while it merges (the launcher's signal_early).
+  if (p.signal_early) {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  }
+#endif
 
   // Row sums over the keys of the warp, then the block's warps merged through shared memory.
 #pragma unroll
@@ -1280,6 +1316,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   p.page_div = fast_divmod::make(static_cast<std::uint32_t>(a.layout.page_size()));
   p.max_splits = plan.max_splits;
   p.cluster = false;
+  p.page_table_ready = false;
+  p.signal_early = false;
   if (plan.workspace_bytes() > 0) {
     auto* const ws = static_cast<std::byte*>(workspace);
     p.counters = reinterpret_cast<std::uint32_t*>(ws);
@@ -1299,9 +1337,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     return e;
   }
   const std::uint64_t bit = device < 64 ? (1ULL << device) : 0;
-  // Devices where this kernel merges splits in thread block clusters, noted with the same
-  // once-per-device query.
+  // Devices where this kernel merges splits in thread block clusters, and their multiprocessors,
+  // noted with the same once-per-device query.
   static std::atomic<std::uint64_t> clusters{0};
+  static std::atomic<std::int32_t> multiprocessors[64] = {};
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
     if (const cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -1323,6 +1362,14 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     }
     if (cluster_launch != 0 && attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90) {
       clusters.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    int sms = 0;
+    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        e != cudaSuccess) {
+      return e;
+    }
+    if (bit != 0) {
+      multiprocessors[device].store(sms, std::memory_order_release);
     }
     raised.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -1346,8 +1393,20 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // A dependent launch needs compute capability 9 and a kernel built for it: the same condition
   // as the cluster merge, noted per device above.
   attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed =
-      a.dependent_launch && (clusters.load(std::memory_order_acquire) & bit) != 0 ? 1 : 0;
+  const bool dependent =
+      a.dependent_launch && (clusters.load(std::memory_order_acquire) & bit) != 0;
+  attrs[1].val.programmaticStreamSerializationAllowed = dependent ? 1 : 0;
+  // A grid of at most one block per multiprocessor (a small batch) lets the launch after it
+  // start once each of its blocks is past its keys, so that launch is placed, and reads its page
+  // table where the caller allows it, while this one merges. Measured on the H200 in a loop of
+  // decodes from a CUDA graph: bf16 B=1, L=2048 7.63 to 7.08 us (group 4), 8.28 to 7.43 (group
+  // 8). Not for larger grids: there the early launch's waiting blocks hold places this grid's
+  // later blocks need (int4 B=32, L=512 10% slower), and reading the table before the wait, with
+  // the queries after it, was 2-6% slower (the wait ends at once there).
+  const bool small_grid = bit != 0 && static_cast<std::int64_t>(grid.x) * grid.y * grid.z <=
+                                          multiprocessors[device].load(std::memory_order_acquire);
+  p.signal_early = dependent && small_grid;
+  p.page_table_ready = dependent && small_grid && a.page_table_ready;
   // Up to max_cluster_splits splits merge inside a cluster of their blocks, where every cluster
   // of the grid can be resident at once; otherwise (a grid of clusters takes longer to place
   // than one of blocks: H200, bf16 B=8, L=8192 in clusters of 4: 96 us against 70) the splits go
