@@ -7,7 +7,8 @@
 // the same loop, planned with plan_decode_graph_safe, in a CUDA graph and time its replays, as an
 // engine that runs its decode step from a graph would see the kernel. Launches use the defaults
 // an engine would (each a programmatic dependent of the one before) and a workspace zeroed once
-// at allocation (decode_args::workspace_zeroed, so split shapes need no memset before each).
+// at allocation (decode_args::workspace_zeroed, so split shapes need no memset before each); the
+// page table is written before the loop (decode_args::page_table_ready).
 //
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
 // memcpy of 1 GB from the same run, PyTorch SDPA on contiguous KV of the same shape when
