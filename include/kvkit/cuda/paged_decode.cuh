@@ -1363,12 +1363,13 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     if (cluster_launch != 0 && attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90) {
       clusters.fetch_or(bit, std::memory_order_acq_rel);
     }
-    int sms = 0;
-    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        e != cudaSuccess) {
-      return e;
-    }
-    if (bit != 0) {
+    if (bit != 0) { // (a device past the first 64 gets no dependent launch, so no early signal)
+      int sms = 0;
+      if (const cudaError_t e =
+              cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+          e != cudaSuccess) {
+        return e;
+      }
       multiprocessors[device].store(sms, std::memory_order_release);
     }
     raised.fetch_or(bit, std::memory_order_acq_rel);
@@ -1399,10 +1400,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // A grid of at most one block per multiprocessor (a small batch) lets the launch after it
   // start once each of its blocks is past its keys, so that launch is placed, and reads its page
   // table where the caller allows it, while this one merges. Measured on the H200 in a loop of
-  // decodes from a CUDA graph: bf16 B=1, L=2048 7.63 to 7.08 us (group 4), 8.28 to 7.43 (group
+  // decodes from a CUDA graph: bf16 B=1, L=2048 7.65 to 7.04 us (group 4), 8.30 to 7.39 (group
   // 8). Not for larger grids: there the early launch's waiting blocks hold places this grid's
   // later blocks need (int4 B=32, L=512 10% slower), and reading the table before the wait, with
-  // the queries after it, was 2-6% slower (the wait ends at once there).
+  // the queries after it, was 2-7% slower (the wait ends at once there).
   const bool small_grid = bit != 0 && static_cast<std::int64_t>(grid.x) * grid.y * grid.z <=
                                           multiprocessors[device].load(std::memory_order_acquire);
   p.signal_early = dependent && small_grid;
