@@ -693,13 +693,14 @@ __global__ void __launch_bounds__(
 
   const std::int64_t kv_gap = layout.v_data_offset() - layout.k_data_offset();
   // int4 caches with pages of at least 16 tokens: once the tile after the ones in flight is
-  // located, its K row (lanes 0..15) or V row (lanes 16..31) is fetched into L2, which makes the
-  // warp wait for that tile's page id before this tile's arithmetic instead of at the next copies.
-  // H200, three calls on two cards: int4 B=128, L=32768 4-12% faster, B=64, L=8192 1-9%, the mid
-  // shapes within 2.5%, B=1 up to 7% slower. The wait does it: the wait without the fetch
-  // measured the same, a fetch a step ahead without the wait changed nothing, and why is not
-  // established. The same step made bf16 and fp8 5-12% slower and int4 with 1-token pages 17-38%
-  // slower. Warps with no tile past the prologue skip it (docs/performance.md).
+  // located, its K row (lanes 0..15) or V row (lanes 16..31) is prefetched into L2. H200, three
+  // calls on two cards: int4 B=128, L=32768 4-12% faster, B=64, L=8192 1-9%, the mid shapes within
+  // 2.5%, B=1 up to 7% slower. Why is not established: the same block with its prefetch never
+  // taken measured the same, and the warp already waited for that page id here before (the debug
+  // page check consumes it), so the loop's SASS differs by this block alone; code placement is the
+  // suspect, and a later change to the kernel should measure it again. The same prefetch made bf16
+  // and fp8 5-12% slower and int4 with 1-token pages 17-38% slower. Warps with no tile past the
+  // prologue skip it (docs/performance.md).
   const bool warm_rows =
       kf::bits == 4 && vf::bits == 4 && layout.page_size() >= 16 && my_tiles > stages;
   const auto warm = [&](const key_loc& loc) {
