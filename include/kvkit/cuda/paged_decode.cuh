@@ -707,12 +707,9 @@ __global__ void __launch_bounds__(
     if (!warm_rows) {
       return;
     }
+    // K and V rows have one size here, so they lie kv_gap bytes apart (as in `issue`).
     const std::byte* row = loc.k_row;
-    if constexpr (kf::bits != vf::bits) {
-      row = lane < 16 ? loc.k_row : loc.v_row;
-    } else {
-      row = row != nullptr && lane >= 16 ? row + kv_gap : row;
-    }
+    row = row != nullptr && lane >= 16 ? row + kv_gap : row;
     if (row != nullptr) {
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row));
     }
