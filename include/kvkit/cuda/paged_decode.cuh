@@ -477,7 +477,7 @@ struct frag {
 // Bytes per warp of one pipeline stage, and the layout of a stage: each section holds items of
 // one size, lane-interleaved ([item][lane][bytes]) so that a warp's shared-memory reads are
 // conflict-free.
-template <class K, class V, int D, int NT>
+template <class K, class V, int D, int NT, int KT = 1>
 struct stage_layout {
   using kf = frag<K, D>;
   using vf = frag<V, D>;
@@ -513,19 +513,25 @@ struct stage_layout {
   // stages or five int4 ones; the kernel is then held to 128 registers. Otherwise two blocks with
   // 24 KB a warp, or 16 KB when K or V is int4: a third block fits where registers allow, and its
   // warps gain more than deeper stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52).
+  // The two-tile kernel (KT = 2, for grids of at most one block per SM) runs one block per SM
+  // with 24 KB a warp: four or more stages of an 8-bit cache at head dim 128, so that two tiles
+  // or more stay in flight while a step computes two (H200: 32 or 48 KB a warp 1-5% slower).
   static constexpr int blocks_per_sm =
-      decode_blocks_per_sm(kf::bits < vf::bits ? kf::bits : vf::bits, D, NT == 1 ? 8 : 16);
+      KT == 2
+          ? 1
+          : decode_blocks_per_sm(kf::bits < vf::bits ? kf::bits : vf::bits, D, NT == 1 ? 8 : 16);
   static constexpr int budget =
-      blocks_per_sm == 4 ? 14336 : (kf::bits == 4 || vf::bits == 4 ? 16384 : 24576);
+      KT == 2 ? 24576
+              : (blocks_per_sm == 4 ? 14336 : (kf::bits == 4 || vf::bits == 4 ? 16384 : 24576));
   static constexpr int stages =
       (budget / bytes) < 2 ? 2 : ((budget / bytes) > 8 ? 8 : budget / bytes);
 };
 
 inline constexpr int decode_warps = 4;
 
-template <class K, class V, int D, int NT>
+template <class K, class V, int D, int NT, int KT = 1>
 constexpr int decode_smem_bytes() {
-  using sl = stage_layout<K, V, D, NT>;
+  using sl = stage_layout<K, V, D, NT, KT>;
   constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
   // The warps' states, then the block's log2-sum-exps for a cluster merge (its partial outputs
   // reuse warp 0's states).
@@ -533,16 +539,27 @@ constexpr int decode_smem_bytes() {
   return pipeline > merge ? pipeline : merge;
 }
 
-template <class Layout, class T, int D, int NT>
+// Whether the two-tile kernel serves these codecs and shapes: fp8 and int8 caches (H200, B=1,
+// L=2048: fp8 7-13% faster, int8 13-17%; bf16 was 2-5% slower with its 255 registers, int4 the
+// same), at head dims up to 128 with groups up to 8 heads, where the registers hold both tiles'
+// operands without spilling, and with a ring that holds two steps of two tiles.
+template <class K, class V, int D, int NT>
+constexpr bool decode_two_tiles_fit() {
+  return frag<K, D>::bits == 8 && frag<V, D>::bits == 8 && D <= 128 && NT == 1 &&
+         stage_layout<K, V, D, NT, 2>::stages >= 4 &&
+         decode_smem_bytes<K, V, D, NT, 2>() <= 227 * 1024;
+}
+
+template <class Layout, class T, int D, int NT, int KT>
 __global__ void __launch_bounds__(
     decode_warps * 32,
-    (stage_layout<typename Layout::k_codec, typename Layout::v_codec, D, NT>::blocks_per_sm))
+    (stage_layout<typename Layout::k_codec, typename Layout::v_codec, D, NT, KT>::blocks_per_sm))
     paged_decode_kernel(const decode_params<Layout, T> p) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   using kf = frag<K, D>;
   using vf = frag<V, D>;
-  using sl = stage_layout<K, V, D, NT>;
+  using sl = stage_layout<K, V, D, NT, KT>;
   using kmma = typename kf::mma_t;
   using vmma = typename vf::mma_t;
   constexpr int stages = sl::stages;
@@ -794,7 +811,11 @@ __global__ void __launch_bounds__(
 
   // Prologue: the page ids of the first `stages` tiles read together (one round trip to memory,
   // not one per tile: the copies' asm orders every later read after them), then the first
-  // stages-1 tiles in flight, and the next tile's pages located.
+  // stages-KT tiles in flight, and the next KT tiles' pages located. The loop takes KT tiles a
+  // step; where the warp's tiles are not a multiple of KT, the last step's extra tile is copied
+  // as zeros (its page is -1) and its keys are masked like any key past the range.
+  const std::int32_t my_steps = (my_tiles + KT - 1) / KT;
+  const std::int32_t loop_tiles = my_steps * KT;
   std::int32_t first_ids[stages];
   std::int32_t first_slots[stages];
 #pragma unroll
@@ -817,16 +838,19 @@ __global__ void __launch_bounds__(
   const bool capped = p.soft_cap > 0.0F;
   const float inv_cap = capped ? 1.0F / p.soft_cap : 0.0F;
 #pragma unroll
-  for (int t = 0; t < stages - 1; ++t) {
+  for (int t = 0; t < stages - KT; ++t) {
     key_loc loc;
     place(first_ids[t], first_slots[t], loc);
-    if (t < my_tiles) {
+    if (t < loop_tiles) {
       issue(t, loc);
     }
     cp_async_commit();
   }
-  key_loc next;
-  place(first_ids[stages - 1], first_slots[stages - 1], next);
+  key_loc next[KT];
+#pragma unroll
+  for (int k = 0; k < KT; ++k) {
+    place(first_ids[stages - KT + k], first_slots[stages - KT + k], next[k]);
+  }
 
   // The queries as K-side operands: head tile nt, row g, slots of this thread's channels (the
   // words as read where they pair the slots' channels in the MMA's type already).
@@ -860,57 +884,78 @@ __global__ void __launch_bounds__(
   }
 
   int read_stage = 0;
-  int write_stage = stages - 1;
-  for (std::int32_t t = 0; t < my_tiles; ++t) {
-    cp_async_wait<stages - 2>();
-    __syncwarp(); // the tile's rows were copied by every lane of the warp
-    const char* const st = warp_smem + read_stage * sl::bytes;
-    std::uint32_t kw[2][kf::k_words];
-    std::uint32_t vw[4][vf::v_words];
-    std::uint32_t kp[2][kf::k_param_words > 0 ? kf::k_param_words : 1];
-    std::uint32_t vp[4];
+  int write_stage = stages - KT;
+  // Stage `stage + kt` of the ring (stage < stages, kt < KT).
+  const auto ring = [](int stage, int kt) {
+    return kt == 0 ? stage : (stage + kt >= stages ? stage + kt - stages : stage + kt);
+  };
+  for (std::int32_t u = 0; u < my_steps; ++u) {
+    const std::int32_t t = u * KT; // the step's first tile
+    cp_async_wait<stages - 2 * KT>();
+    __syncwarp(); // the step's rows were copied by every lane of the warp
+    std::uint32_t kw[KT][2][kf::k_words];
+    std::uint32_t vw[KT][4][vf::v_words];
+    std::uint32_t kp[KT][2][kf::k_param_words > 0 ? kf::k_param_words : 1];
+    std::uint32_t vp[KT][4];
 #pragma unroll
-    for (int tk = 0; tk < 2; ++tk) {
+    for (int kt = 0; kt < KT; ++kt) {
+      const char* const st = warp_smem + ring(read_stage, kt) * sl::bytes;
 #pragma unroll
-      for (int it = 0; it < sl::k_items; ++it) {
-        lds<sl::k_item>(
-            st + sl::k_off +
-                sl::template at<sl::k_chunks, sl::k_row>(g + 8 * tk, (4 * it + i) * sl::k_item),
-            &kw[tk][it * sl::k_item / 4]);
+      for (int tk = 0; tk < 2; ++tk) {
+#pragma unroll
+        for (int it = 0; it < sl::k_items; ++it) {
+          lds<sl::k_item>(
+              st + sl::k_off +
+                  sl::template at<sl::k_chunks, sl::k_row>(g + 8 * tk, (4 * it + i) * sl::k_item),
+              &kw[kt][tk][it * sl::k_item / 4]);
+        }
+#pragma unroll
+        for (int w = 0; w < kf::k_param_words; ++w) {
+          lds<4>(st + sl::kp_off + (g + 8 * tk) * kf::param_row + kf::k_group(w, i) * 4,
+                 &kp[kt][tk][w]);
+        }
       }
 #pragma unroll
-      for (int w = 0; w < kf::k_param_words; ++w) {
-        lds<4>(st + sl::kp_off + (g + 8 * tk) * kf::param_row + kf::k_group(w, i) * 4, &kp[tk][w]);
+      for (int tv = 0; tv < 4; ++tv) {
+#pragma unroll
+        for (int it = 0; it < sl::v_items; ++it) {
+          lds<sl::v_item>(st + sl::v_off +
+                              sl::template at<sl::v_chunks, sl::v_row>(
+                                  2 * i + (tv & 1) + 8 * (tv >> 1), (8 * it + g) * sl::v_item),
+                          &vw[kt][tv][it * sl::v_item / 4]);
+        }
+        vp[kt][tv] = 0;
       }
-    }
+      // int8: the scales of keys g and g+8 (the P rows); int4: the groups of this thread's
+      // channels in the four keys of its V operands.
 #pragma unroll
-    for (int tv = 0; tv < 4; ++tv) {
-#pragma unroll
-      for (int it = 0; it < sl::v_items; ++it) {
-        lds<sl::v_item>(st + sl::v_off +
-                            sl::template at<sl::v_chunks, sl::v_row>(
-                                2 * i + (tv & 1) + 8 * (tv >> 1), (8 * it + g) * sl::v_item),
-                        &vw[tv][it * sl::v_item / 4]);
+      for (int w = 0; w < (vf::per_token ? 2 : (vf::grouped ? 4 : 0)); ++w) {
+        const int key = vf::per_token ? g + 8 * w : 2 * i + (w & 1) + 8 * (w >> 1);
+        lds<4>(st + sl::vp_off + key * vf::param_row + vf::v_group(g) * 4, &vp[kt][w]);
       }
-      vp[tv] = 0;
-    }
-    // int8: the scales of keys g and g+8 (the P rows); int4: the groups of this thread's channels
-    // in the four keys of its V operands.
-#pragma unroll
-    for (int w = 0; w < (vf::per_token ? 2 : (vf::grouped ? 4 : 0)); ++w) {
-      const int key = vf::per_token ? g + 8 * w : 2 * i + (w & 1) + 8 * (w >> 1);
-      lds<4>(st + sl::vp_off + key * vf::param_row + vf::v_group(g) * 4, &vp[w]);
     }
 
-    // The tile after the ones in flight goes out before this one's arithmetic.
-    if (t + stages - 1 < my_tiles) {
-      issue(write_stage, next);
+    // The tiles after the ones in flight go out before this step's arithmetic, into the stages
+    // the previous step read.
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) {
+      if (t + stages - KT + kt < loop_tiles) {
+        issue(ring(write_stage, kt), next[kt]);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
-    locate(t + stages, next);
-    warm(next);
-    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
-    write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) {
+      locate(t + stages + kt, next[kt]);
+      warm(next[kt]);
+    }
+    if constexpr (KT == 1) {
+      read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+      write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+    } else {
+      read_stage = read_stage + KT >= stages ? read_stage + KT - stages : read_stage + KT;
+      write_stage = write_stage + KT >= stages ? write_stage + KT - stages : write_stage + KT;
+    }
 
     // S^T = K Q^T: rows are keys g and g+8, columns the heads 2i, 2i+1 of each head tile. The
     // even and odd k-steps accumulate apart, so the MMAs form two chains of ksteps/2 that
@@ -918,26 +963,32 @@ __global__ void __launch_bounds__(
     // H200: bf16 B=1, L=2048 2.5% faster). Not for int4 K, whose kernel is held to 128 registers
     // and issue-bound: 0.5-0.8% slower at the largest shapes.
     constexpr bool two_chains = kf::bits != 4;
-    float s[NT][4];
-    float s_odd[NT][4];
+    float s[KT][NT][4];
+    float s_odd[KT][NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = 0.0F;
-        s_odd[nt][e] = 0.0F;
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[kt][nt][e] = 0.0F;
+          s_odd[kt][nt][e] = 0.0F;
+        }
       }
     }
     [&]<int... S>(std::integer_sequence<int, S...>) {
       (
           [&] {
-            std::uint32_t a0, a1, a2, a3;
-            kf::template k_operand<S>(kw[0], kp[0], a0, a2);
-            kf::template k_operand<S>(kw[1], kp[1], a1, a3);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              mma16816<kmma>(two_chains && S % 2 == 1 ? s_odd[nt] : s[nt], a0, a1, a2, a3,
-                             qf[nt][2 * S], qf[nt][2 * S + 1]);
+            for (int kt = 0; kt < KT; ++kt) {
+              std::uint32_t a0, a1, a2, a3;
+              kf::template k_operand<S>(kw[kt][0], kp[kt][0], a0, a2);
+              kf::template k_operand<S>(kw[kt][1], kp[kt][1], a1, a3);
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                mma16816<kmma>(two_chains && S % 2 == 1 ? s_odd[kt][nt] : s[kt][nt], a0, a1, a2, a3,
+                               qf[nt][2 * S], qf[nt][2 * S + 1]);
+              }
             }
           }(),
           ...);
@@ -945,44 +996,57 @@ __global__ void __launch_bounds__(
     (std::make_integer_sequence<int, ksteps>{});
     if constexpr (two_chains) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+      for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] += s_odd[nt][e];
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[kt][nt][e] += s_odd[kt][nt][e];
+          }
         }
       }
     }
 
-    const std::int32_t tile_start = c0 + (warp + decode_warps * t) * 16;
-    float key_scale[2];
+    float key_scale[KT][2];
 #pragma unroll
-    for (int tk = 0; tk < 2; ++tk) {
-      key_scale[tk] = logit_scale;
-      if constexpr (kf::per_token) {
-        key_scale[tk] *= __uint_as_float(kp[tk][0]);
-      }
-      if (tile_start + g + 8 * tk >= c1) {
-        key_scale[tk] = NAN; // marks a key past the range
+    for (int kt = 0; kt < KT; ++kt) {
+      const std::int32_t tile_start = c0 + (warp + decode_warps * (t + kt)) * 16;
+#pragma unroll
+      for (int tk = 0; tk < 2; ++tk) {
+        key_scale[kt][tk] = logit_scale;
+        if constexpr (kf::per_token) {
+          key_scale[kt][tk] *= __uint_as_float(kp[kt][tk][0]);
+        }
+        if (tile_start + g + 8 * tk >= c1) {
+          key_scale[kt][tk] = NAN; // marks a key past the range
+        }
       }
     }
-    std::uint32_t pb[NT][2];
+    std::uint32_t pb[KT][NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      float x[4];
+      float x[KT][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float ks = key_scale[e / 2];
-        float y = s[nt][e] * ks;
-        if (capped) {
-          y = p.soft_cap * fast_tanh(y * inv_cap);
+      for (int kt = 0; kt < KT; ++kt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float ks = key_scale[kt][e / 2];
+          float y = s[kt][nt][e] * ks;
+          if (capped) {
+            y = p.soft_cap * fast_tanh(y * inv_cap);
+          }
+          x[kt][e] = ks == ks ? y * log2e : -INFINITY;
         }
-        x[e] = ks == ks ? y * log2e : -INFINITY;
       }
-      float pr[4];
+      float pr[KT][4];
       float corr[2];
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float tmax = fmaxf(x[c], x[c + 2]);
+        float tmax = fmaxf(x[0][c], x[0][c + 2]);
+#pragma unroll
+        for (int kt = 1; kt < KT; ++kt) {
+          tmax = fmaxf(tmax, fmaxf(x[kt][c], x[kt][c + 2]));
+        }
         tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFU, tmax, 4));
         tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFU, tmax, 8));
         tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFU, tmax, 16));
@@ -990,9 +1054,15 @@ __global__ void __launch_bounds__(
         const float m_use = m_new == -INFINITY ? 0.0F : m_new;
         corr[c] = fast_exp2(m[nt][c] - m_use);
         m[nt][c] = m_new;
-        pr[c] = fast_exp2(x[c] - m_use);
-        pr[c + 2] = fast_exp2(x[c + 2] - m_use);
-        l[nt][c] = l[nt][c] * corr[c] + pr[c] + pr[c + 2];
+        float row_sum = l[nt][c] * corr[c];
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          pr[kt][c] = fast_exp2(x[kt][c] - m_use);
+          pr[kt][c + 2] = fast_exp2(x[kt][c + 2] - m_use);
+          row_sum = row_sum + pr[kt][c];
+          row_sum = row_sum + pr[kt][c + 2];
+        }
+        l[nt][c] = row_sum;
       }
       // Once the running maxima settle, most tiles change none of them: skip the rescale.
       if (__any_sync(0xFFFFFFFFU, corr[0] != 1.0F || corr[1] != 1.0F)) {
@@ -1004,25 +1074,31 @@ __global__ void __launch_bounds__(
           o[nt][j][3] *= corr[1];
         }
       }
-      if constexpr (vf::per_token) {
-        const float sv0 = __uint_as_float(vp[0]);
-        const float sv1 = __uint_as_float(vp[1]);
-        pr[0] *= sv0, pr[1] *= sv0, pr[2] *= sv1, pr[3] *= sv1;
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt) {
+        if constexpr (vf::per_token) {
+          const float sv0 = __uint_as_float(vp[kt][0]);
+          const float sv1 = __uint_as_float(vp[kt][1]);
+          pr[kt][0] *= sv0, pr[kt][1] *= sv0, pr[kt][2] *= sv1, pr[kt][3] *= sv1;
+        }
+        pb[kt][nt][0] = transpose8x8(narrow_pair<vmma>(pr[kt][0], pr[kt][1]));
+        pb[kt][nt][1] = transpose8x8(narrow_pair<vmma>(pr[kt][2], pr[kt][3]));
       }
-      pb[nt][0] = transpose8x8(narrow_pair<vmma>(pr[0], pr[1]));
-      pb[nt][1] = transpose8x8(narrow_pair<vmma>(pr[2], pr[3]));
     }
 
     // O^T += V^T P^T: rows are this thread's channels, columns the heads.
     [&]<int... J>(std::integer_sequence<int, J...>) {
       (
           [&] {
-            std::uint32_t a0, a1, a2, a3;
-            vf::template v_operand<J>(vw[0], vw[1], vp[0], vp[1], a0, a1);
-            vf::template v_operand<J>(vw[2], vw[3], vp[2], vp[3], a2, a3);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              mma16816<vmma>(o[nt][J], a0, a1, a2, a3, pb[nt][0], pb[nt][1]);
+            for (int kt = 0; kt < KT; ++kt) {
+              std::uint32_t a0, a1, a2, a3;
+              vf::template v_operand<J>(vw[kt][0], vw[kt][1], vp[kt][0], vp[kt][1], a0, a1);
+              vf::template v_operand<J>(vw[kt][2], vw[kt][3], vp[kt][2], vp[kt][3], a2, a3);
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                mma16816<vmma>(o[nt][J], a0, a1, a2, a3, pb[kt][nt][0], pb[kt][nt][1]);
+              }
             }
           }(),
           ...);
@@ -1215,7 +1291,7 @@ __global__ void __launch_bounds__(
   // splits there are. Meanwhile one warp per head turns the splits' log-sum-exps into weights
   // exp2(lse - max) there; then each thread sums the weighted partials of its outputs. The first
   // 128 bytes hold the arrival flag, which other threads may still be reading.
-  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT>();
+  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT, KT>();
   constexpr int threads = decode_warps * 32;
   constexpr int max_outputs = (16 * quads + threads - 1) / threads;
   static_assert(128 + (16 * decode_plan::max_splits_limit + 16) * 4 + 16 * D * 4 <= smem_bytes,
@@ -1313,9 +1389,33 @@ __global__ void __launch_bounds__(
   }
 }
 
-template <class Layout, class T, int D, int NT>
+// The current device and its multiprocessors (asked once per device; 0 for a device past the
+// first 64, which then counts as having no room for a small grid).
+inline cudaError_t decode_device(int& device, std::int32_t& sms) {
+  static std::atomic<std::int32_t> known[64] = {};
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+    return e;
+  }
+  sms = 0;
+  if (device < 0 || device >= 64) {
+    return cudaSuccess;
+  }
+  sms = known[device].load(std::memory_order_acquire);
+  if (sms == 0) {
+    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        e != cudaSuccess) {
+      return e;
+    }
+    known[device].store(sms, std::memory_order_release);
+  }
+  return cudaSuccess;
+}
+
+// One launch of the kernel taking KT tiles a step; `small_grid`: the grid has at most one block
+// per multiprocessor of `device`.
+template <class Layout, class T, int D, int NT, int KT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, int device, bool small_grid) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   decode_params<Layout, T> p{};
@@ -1350,20 +1450,15 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                              static_cast<std::size_t>(plan.max_splits);
     p.part_o = p.part_lse + (rows + 3) / 4 * 4;
   }
-  constexpr int smem = decode_smem_bytes<K, V, D, NT>();
-  const auto kernel = paged_decode_kernel<Layout, T, D, NT>;
+  constexpr int smem = decode_smem_bytes<K, V, D, NT, KT>();
+  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT>;
   // The shared-memory limit is raised once per device (a host call per launch would cost more
   // than a small decode takes on the GPU).
   static std::atomic<std::uint64_t> raised{0};
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
-    return e;
-  }
   const std::uint64_t bit = device < 64 ? (1ULL << device) : 0;
-  // Devices where this kernel merges splits in thread block clusters, and their multiprocessors,
-  // noted with the same once-per-device query.
+  // Devices where this kernel merges splits in thread block clusters, noted with the same
+  // once-per-device query.
   static std::atomic<std::uint64_t> clusters{0};
-  static std::atomic<std::int32_t> multiprocessors[64] = {};
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
     if (const cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -1385,15 +1480,6 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     }
     if (cluster_launch != 0 && attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90) {
       clusters.fetch_or(bit, std::memory_order_acq_rel);
-    }
-    if (bit != 0) { // (a device past the first 64 gets no dependent launch, so no early signal)
-      int sms = 0;
-      if (const cudaError_t e =
-              cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-          e != cudaSuccess) {
-        return e;
-      }
-      multiprocessors[device].store(sms, std::memory_order_release);
     }
     raised.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -1427,8 +1513,6 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // 8). Not for larger grids: there the early launch's waiting blocks hold places this grid's
   // later blocks need (int4 B=32, L=512 10% slower), and reading the table before the wait, with
   // the queries after it, was 2-7% slower (the wait ends at once there).
-  const bool small_grid = bit != 0 && static_cast<std::int64_t>(grid.x) * grid.y * grid.z <=
-                                          multiprocessors[device].load(std::memory_order_acquire);
   p.signal_early = dependent && small_grid;
   p.page_table_ready = dependent && small_grid && a.page_table_ready;
   // Up to max_cluster_splits splits merge inside a cluster of their blocks, where every cluster
@@ -1470,6 +1554,30 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     return e;
   }
   return cudaGetLastError();
+}
+
+// A launch: a grid of at most one block per multiprocessor (a small batch) whose warps have two
+// tiles or more each runs the kernel that takes two tiles a step, where one exists
+// (decode_two_tiles_fit): a B=1 warp waits on its own chain of dependent instructions, and two
+// tiles a step overlap two chains and share one softmax round. One block per SM, so its warps
+// have the shared memory for more tiles in flight. Every other launch runs the one-tile kernel.
+template <class Layout, class T, int D, int NT>
+cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
+                          cudaStream_t stream) {
+  int device = 0;
+  std::int32_t sms = 0;
+  if (const cudaError_t e = decode_device(device, sms); e != cudaSuccess) {
+    return e;
+  }
+  const bool small_grid =
+      static_cast<std::int64_t>(plan.max_splits) * plan.shape.num_kv_heads * a.table.batch_size <=
+      sms;
+  if constexpr (decode_two_tiles_fit<typename Layout::k_codec, typename Layout::v_codec, D, NT>()) {
+    if (small_grid && plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
+      return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, small_grid);
+    }
+  }
+  return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, small_grid);
 }
 
 } // namespace detail
