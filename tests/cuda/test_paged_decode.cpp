@@ -2,7 +2,8 @@
 // poisoned before every launch, relative-error bounds per codec; partial last pages, length 1,
 // page sizes 1 to 128, wildly different lengths in one batch, split and unsplit paths, GQA groups
 // 1 to 16, head dims 64/128/256, window, soft cap, the graph-safe mode under CUDA graph replay,
-// and the debug page-id check.
+// and the debug page-id check. fp8 and int8 cases run both decode kernels: the two-tile one
+// where the grid has at most one block per SM (one split or a few), the one-tile one elsewhere.
 
 #include <algorithm>
 #include <cmath>
