@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Checks one paged_decode benchmark run against the decode targets and prints them as a table.
+
+    scripts/decode_targets.py RUN.json
+
+RUN.json is the --benchmark_out of `kvkit_bench_cuda --benchmark_filter=paged_decode` (run with
+KVKIT_SDPA_CSV for the SDPA columns). Rows are named paged_decode[_graph]/CODEC/B../L../g../p..
+and carry the counters us, TB/s, x_sdpa and (quantized codecs) time_vs_bf16.
+"""
+import json
+import re
+import sys
+
+NAME = re.compile(r"^(paged_decode(?:_graph)?)/([^/]+)/B(\d+)/L(\d+)/g(\d+)/p(\d+)")
+MID = [(8, 8192), (32, 2048)]
+
+
+def load(path):
+    rows = {}
+    with open(path) as f:
+        for bench in json.load(f)["benchmarks"]:
+            m = NAME.match(bench["name"])
+            if m:
+                kind, codec, b, l, g, page = m.groups()
+                rows[(kind, codec, int(b), int(l), int(g), int(page))] = bench
+    return rows
+
+
+def span(values, fmt="{:.2f}"):
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    rows = load(sys.argv[1])
+    stream = {k[1:]: v for k, v in rows.items() if k[0] == "paged_decode"}
+    graph = {k[1:]: v for k, v in rows.items() if k[0] == "paged_decode_graph"}
+    out = []
+
+    large = [(k, v) for k, v in stream.items()
+             if k[0] == "bf16" and k[4] == 16 and k[1] * k[2] >= 256 * 1024]
+    tbs = [v["TB/s"] for _, v in large]
+    met = sum(t >= 4.5 for t in tbs)
+    sdpa = [v["x_sdpa"] for _, v in large if "x_sdpa" in v]
+    out.append(("bf16 >= 4.5 TB/s at B*L >= 256k (page 16)",
+                f"{span(tbs)} TB/s; {met} of {len(tbs)} rows; SDPA time / ours {span(sdpa)}",
+                "yes" if tbs and met == len(tbs) else ("partly" if met else "no")))
+
+    mid = []
+    for b, l in MID:
+        for g in (4, 8):
+            v = stream.get(("bf16", b, l, g, 16))
+            if v:
+                gv = graph.get(("bf16", b, l, g, 16))
+                mid.append((f"B={b}/L={l} g{g}", v["TB/s"], gv["TB/s"] if gv else None))
+    text = "; ".join(f"{n} {t:.2f}" + (f" (graph {gt:.2f})" if gt else "") for n, t, gt in mid)
+    met = sum(t >= 4.0 for _, t, _ in mid)
+    out.append((">= 4.0 TB/s at the mid shapes (bf16)", text or "-",
+                "yes" if mid and met == len(mid) else ("partly" if met else "no")))
+
+    small = []
+    for g in (4, 8):
+        v = stream.get(("bf16", 1, 2048, g, 16))
+        if v:
+            gv = graph.get(("bf16", 1, 2048, g, 16))
+            small.append((g, v["us"], gv["us"] if gv else None))
+    text = "; ".join(f"g{g} {u:.2f} us" + (f" (graph {gu:.2f})" if gu else "") for g, u, gu in small)
+    met = sum(u <= 6.0 for _, u, _ in small)
+    out.append(("B=1, L=2048 <= 6 us a call (bf16)", text or "-",
+                "yes" if small and met == len(small) else ("partly" if met else "no")))
+
+    spreads = []
+    for (codec, b, l, g, page) in sorted(stream):
+        if codec != "bf16" or page != 16:
+            continue
+        times = [stream[(codec, b, l, g, p)]["us"] for p in (1, 8, 16, 32, 64)
+                 if (codec, b, l, g, p) in stream]
+        if len(times) == 5:
+            spreads.append((f"B={b}/L={l} g{g}", max(times) / min(times) - 1.0))
+    met = sum(s <= 0.05 for _, s in spreads)
+    out.append(("page sizes 1-64 within 5% (bf16)",
+                "; ".join(f"{n} {100 * s:.1f}%" for n, s in spreads) or "-",
+                "yes" if spreads and met == len(spreads) else ("partly" if met else "no")))
+
+    for codec, target in (("fp8_e4m3", 0.55), ("int4_g32", 0.35)):
+        ratios = {k: v["time_vs_bf16"] for k, v in stream.items()
+                  if k[0] == codec and k[4] == 16 and "time_vs_bf16" in v}
+        big = [r for k, r in ratios.items() if k[1] * k[2] >= 256 * 1024]
+        midr = [r for k, r in ratios.items() if (k[1], k[2]) in MID]
+        met = sum(r <= target for r in ratios.values())
+        out.append((f"{codec} time <= {target} x bf16",
+                    f"B*L >= 256k {span(big)}; mid {span(midr)}; {met} of {len(ratios)} rows",
+                    "yes" if ratios and met == len(ratios) else ("partly" if met else "no")))
+
+    print("| target | measured | met? |")
+    print("|---|---|---|")
+    for row in out:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
