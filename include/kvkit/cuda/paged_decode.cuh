@@ -540,14 +540,14 @@ constexpr int decode_smem_bytes() {
 }
 
 // Whether the two-tile kernel serves these codecs and shapes: fp8 and int8 caches (H200, B=1,
-// L=2048: fp8 7-13% faster, int8 13-17%; bf16 was 2-5% slower with its 255 registers, int4 the
+// L=2048: fp8 7-13% faster, int8 13-17%; bf16 was 2-10% slower with its 255 registers, int4 the
 // same), at head dims up to 128 with groups up to 8 heads, where the registers hold both tiles'
-// operands without spilling, and with a ring that holds two steps of two tiles.
+// operands without spilling, and with a ring that holds two steps of two tiles (its 24 KB a warp
+// keeps the block's shared memory under 100 KB).
 template <class K, class V, int D, int NT>
 constexpr bool decode_two_tiles_fit() {
   return frag<K, D>::bits == 8 && frag<V, D>::bits == 8 && D <= 128 && NT == 1 &&
-         stage_layout<K, V, D, NT, 2>::stages >= 4 &&
-         decode_smem_bytes<K, V, D, NT, 2>() <= 227 * 1024;
+         stage_layout<K, V, D, NT, 2>::stages >= 4;
 }
 
 template <class Layout, class T, int D, int NT, int KT>
@@ -885,7 +885,9 @@ __global__ void __launch_bounds__(
 
   int read_stage = 0;
   int write_stage = stages - KT;
-  // Stage `stage + kt` of the ring (stage < stages, kt < KT).
+  // Stage `stage + kt` of the ring (stage < stages, kt < KT). The forms for kt = 0 here and for
+  // KT = 1 below are those of the one-tile kernel before KT existed, whose machine code they keep
+  // (the general forms compile to more instructions there).
   const auto ring = [](int stage, int kt) {
     return kt == 0 ? stage : (stage + kt >= stages ? stage + kt - stages : stage + kt);
   };
