@@ -119,9 +119,8 @@ int main() {
   //    initialization.
   int sms = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const kvkit::decode_shape shape{
-      static_cast<std::int32_t>(batch.size()), q_heads, kv_heads, dim, 0,
-      kvkit::decode_kv_bits<layout_t>};
+  const kvkit::decode_shape shape =
+      kvkit::decode_shape_for(layout, static_cast<std::int32_t>(batch.size()), q_heads);
   const auto plan = kvkit::plan_decode(shape, lens, sms);
   if (!plan.ok()) {
     return 1;

@@ -132,9 +132,8 @@ public:
         lens_[i] = (pages - 1) * layout_.page_size() + w.last_page_len[i];
         bytes += static_cast<double>(lens_[i]) * m_.kv_heads * m_.head_dim * 2 * 2;
       }
-      const auto plan = kvkit::plan_decode(
-          {batch, qh, m_.kv_heads, m_.head_dim, 0, kvkit::decode_kv_bits<layout_t>}, lens_,
-          sm_count_);
+      const auto plan =
+          kvkit::plan_decode(kvkit::decode_shape_for(layout_, batch, qh), lens_, sm_count_);
       if (!plan.ok()) {
         fail("decode plan rejected");
         return;

@@ -212,8 +212,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
-  const kvkit::decode_shape shape{batch,    q_heads, kv_heads,
-                                  head_dim, 0,       kvkit::decode_kv_bits<Layout>};
+  const kvkit::decode_shape shape = kvkit::decode_shape_for(layout, batch, q_heads);
   const kvkit::decode_plan plan = graph ? *kvkit::plan_decode_graph_safe(shape, len, sms)
                                         : *kvkit::plan_decode(shape, lens, sms);
   cudaStream_t stream = nullptr;

@@ -3,7 +3,8 @@
 // page sizes 1 to 128, wildly different lengths in one batch, split and unsplit paths, GQA groups
 // 1 to 16, head dims 64/128/256, window, soft cap, the graph-safe mode under CUDA graph replay,
 // and the debug page-id check. fp8 and int8 cases run both decode kernels: the two-tile one
-// where the grid has at most one block per SM (one split or a few), the one-tile one elsewhere.
+// where the grid has at most one block per SM (one split or a few) and, for int8, wherever the
+// longest sequence has 2048 keys or more; the one-tile one elsewhere.
 
 #include <algorithm>
 #include <cmath>
@@ -187,9 +188,9 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
   }
   problem<Layout> pr(layout, pages + 7, seed);
   const auto step = pr.template make_step<T>(lens, q_heads);
-  const kvkit::decode_shape shape{
-      static_cast<std::int32_t>(lens.size()), q_heads, layout.num_kv_heads(), D, options.window,
-      kvkit::decode_kv_bits<Layout>};
+  const kvkit::decode_shape shape = kvkit::decode_shape_for(
+      layout, static_cast<std::int32_t>(lens.size()), q_heads, options.window);
+  REQUIRE(shape.head_dim == D);
   kvkit_test::decode_mode mode;
   mode.sm_count = sm_count;
   const auto got = kvkit_test::run_decode<D, Layout, T>(layout, pr.cache, pr.capacity, shape,
@@ -265,6 +266,9 @@ TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
                    __half>({32, 4, 64}, group, lens, s + 2, {}, sms);
       check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 4, 128}, group, lens,
                                                                         s + 3, {}, sms);
+      // int8 below decode_plan::two_tiles_min_keys: the one-tile kernel where the grid is large.
+      check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>(
+          {16, 4, 128}, group, {1, 31, 200, 1500}, s + 9, {}, sms);
       check_decode<256, paged_layout<kvkit::int4_group_codec<32>>, __half>({16, 2, 256}, group,
                                                                            lens, s + 4, {}, sms);
       check_decode<

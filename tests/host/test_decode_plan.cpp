@@ -106,6 +106,70 @@ TEST_CASE("plan_decode splits a quantized cache for four resident blocks per mul
   CHECK(big_group->max_splits == big_group_wide->max_splits);
 }
 
+// kv_token_scales of a layout: whether K or V is scaled per token.
+static_assert(!kvkit::decode_kv_token_scales<kvkit::paged_layout<kvkit::bf16_codec>>);
+static_assert(!kvkit::decode_kv_token_scales<kvkit::paged_layout<kvkit::fp8_e4m3_codec>>);
+static_assert(kvkit::decode_kv_token_scales<kvkit::paged_layout<kvkit::int8_codec>>);
+static_assert(kvkit::decode_kv_token_scales<
+              kvkit::paged_layout<kvkit::fp8_e5m2_codec, kvkit::int4_group_codec<32>>>);
+
+TEST_CASE("decode_shape_for takes the cache's fields from the layout", "[attention][plan]") {
+  const kvkit::paged_layout<kvkit::int8_codec> int8(16, 4, 64);
+  const decode_shape s = kvkit::decode_shape_for(int8, 3, 12, 100);
+  CHECK(s.batch_size == 3);
+  CHECK(s.num_q_heads == 12);
+  CHECK(s.num_kv_heads == 4);
+  CHECK(s.head_dim == 64);
+  CHECK(s.window == 100);
+  CHECK(s.kv_bits == 8);
+  CHECK(s.kv_token_scales);
+  CHECK(s.validate().ok());
+  const decode_shape f =
+      kvkit::decode_shape_for(kvkit::paged_layout<kvkit::fp8_e4m3_codec>(16, 8, 128), 1, 32);
+  CHECK(f.kv_bits == 8);
+  CHECK(!f.kv_token_scales);
+  CHECK(f.window == 0);
+}
+
+TEST_CASE("plan_decode plans an int8 cache on long sequences for the two-tile kernel",
+          "[attention][plan]") {
+  const kvkit::paged_layout<kvkit::int8_codec> int8(16, 8, 128);
+  const kvkit::paged_layout<kvkit::fp8_e4m3_codec> fp8(16, 8, 128);
+  const std::vector<std::int32_t> lens(32, 2048);
+  const auto i8 = kvkit::plan_decode(kvkit::decode_shape_for(int8, 32, 32), lens, 132);
+  const auto f8 = kvkit::plan_decode(kvkit::decode_shape_for(fp8, 32, 32), lens, 132);
+  REQUIRE(i8.ok());
+  REQUIRE(f8.ok());
+  CHECK(i8->two_tiles);
+  CHECK(!f8->two_tiles);
+  // Split for two resident blocks per multiprocessor, not four: one split of 2048 keys for 256
+  // (sequence, KV head) pairs, where fp8 takes two of 1024.
+  CHECK(i8->max_splits == 1);
+  CHECK(f8->max_splits == 2);
+  CHECK(static_cast<std::int64_t>(i8->max_splits) * 32 * 8 <= 2 * 132);
+  // Shorter sequences, head dim 256, groups over 8: the one-tile kernel's plan.
+  const std::vector<std::int32_t> short_lens(32, decode_plan::two_tiles_min_keys - 1);
+  const auto i8_short = kvkit::plan_decode(kvkit::decode_shape_for(int8, 32, 32), short_lens, 132);
+  REQUIRE(i8_short.ok());
+  CHECK(!i8_short->two_tiles);
+  const kvkit::paged_layout<kvkit::int8_codec> wide_heads(16, 8, 256);
+  CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(wide_heads, 32, 32), lens, 132)->two_tiles);
+  CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(int8, 32, 128), lens, 132)->two_tiles);
+  // The longest sequence decides, and a graph-safe plan decides by its bound.
+  std::vector<std::int32_t> mixed(32, 10);
+  mixed[5] = decode_plan::two_tiles_min_keys;
+  CHECK(kvkit::plan_decode(kvkit::decode_shape_for(int8, 32, 32), mixed, 132)->two_tiles);
+  const auto graph = kvkit::plan_decode_graph_safe(kvkit::decode_shape_for(int8, 32, 32),
+                                                   decode_plan::two_tiles_min_keys, 132);
+  REQUIRE(graph.ok());
+  CHECK(graph->two_tiles);
+  CHECK(kvkit::decode_two_tiles(kvkit::decode_shape_for(int8, 1, 8), 4096));
+  CHECK(!kvkit::decode_two_tiles(kvkit::decode_shape_for(fp8, 1, 8), 4096));
+  // int4 (with an int8 half) keeps its own plan: its narrower codec has 4 bits.
+  const kvkit::paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<32>> mix(16, 8, 128);
+  CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(mix, 32, 32), lens, 132)->two_tiles);
+}
+
 TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {
   const std::vector<std::int32_t> lens{1, 2};
   CHECK(kvkit::plan_decode({2, 8, 2, 128, 0}, lens, 132).ok());

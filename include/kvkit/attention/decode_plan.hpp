@@ -29,6 +29,10 @@ struct decode_shape {
   //! Bits per cached element of the narrower of the K and V codecs: 16 (fp16, bf16), 8 (fp8,
   //! int8) or 4 (int4). A quantized cache keeps more thread blocks resident, so it is split finer.
   std::int32_t kv_bits = 16;
+  //! Whether the K or V codec carries a scale per token (int8, int4 groups). An 8-bit cache with
+  //! one (int8) runs a kernel that takes two tiles a warp step, two blocks per multiprocessor, on
+  //! sequences of two_tiles_min_keys or more, and is split for that.
+  bool kv_token_scales = false;
 
   [[nodiscard]] constexpr std::int32_t group_size() const {
     return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
@@ -52,6 +56,32 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
 inline constexpr std::int32_t decode_kv_bits =
     Layout::k_codec::bits < Layout::v_codec::bits ? Layout::k_codec::bits : Layout::v_codec::bits;
 
+//! decode_shape::kv_token_scales of a cache of this layout: whether K or V is scaled per token.
+template <class Layout>
+requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec>
+inline constexpr bool decode_kv_token_scales =
+    Layout::k_codec::scaling == kv_scaling::per_token_head ||
+    Layout::k_codec::scaling == kv_scaling::per_token_group ||
+    Layout::v_codec::scaling == kv_scaling::per_token_head ||
+    Layout::v_codec::scaling == kv_scaling::per_token_group;
+
+//! The decode_shape of a batch of `batch_size` sequences with `num_q_heads` query heads over a
+//! cache of `layout` (its KV heads, head dim, kv_bits and kv_token_scales), attending within
+//! `window` (0: no window).
+template <class Layout>
+requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec>
+[[nodiscard]] constexpr decode_shape decode_shape_for(const Layout& layout, std::int32_t batch_size,
+                                                      std::int32_t num_q_heads,
+                                                      std::int32_t window = 0) {
+  return {batch_size,
+          num_q_heads,
+          layout.num_kv_heads(),
+          layout.head_dim(),
+          window,
+          decode_kv_bits<Layout>,
+          decode_kv_token_scales<Layout>};
+}
+
 //! Thread blocks of the decode kernel resident on one multiprocessor for a cache of `kv_bits`
 //! bits, `head_dim` channels and query groups of `group` heads. Four for a quantized cache with
 //! head_dim up to 128 and groups up to 8: its tiles are bound by the latency of their
@@ -74,6 +104,12 @@ struct decode_plan {
   std::int32_t chunk_tokens = 0; //!< keys per split; a multiple of tile_tokens
   std::int32_t max_splits = 0;   //!< splits per sequence the grid has room for
   bool graph_safe = false;       //!< planned from a length bound, not from the batch's lengths
+  //! The launch runs the kernel that takes two tiles a warp step, two blocks per multiprocessor,
+  //! on every grid (decode_two_tiles): an 8-bit cache with per-token scales (int8) whose longest
+  //! sequence attends two_tiles_min_keys keys or more, head dim up to 128, groups up to 8. The
+  //! launcher also runs that kernel, for fp8 and int8, on a grid of at most one block per
+  //! multiprocessor whatever this says.
+  bool two_tiles = false;
 
   //! Keys a thread block processes per step of its four warps (each warp takes 16).
   static constexpr std::int32_t tile_tokens = 64;
@@ -84,6 +120,9 @@ struct decode_plan {
   //! inside a thread block cluster (through distributed shared memory: the workspace then goes
   //! unused); more are merged through the workspace.
   static constexpr std::int32_t max_cluster_splits = 8;
+  //! The shortest longest sequence (keys attended) for which an int8 cache is planned for the
+  //! two-tile kernel (H200: int8 5-15% faster from L=2048, but up to 17% slower at L=512).
+  static constexpr std::int32_t two_tiles_min_keys = 2048;
 
   //! Bytes of workspace: partial outputs and log-sum-exps (fp32) of every split, and one arrival
   //! counter per (sequence, KV head). Zero when no sequence is split. The launcher zeroes the
@@ -106,6 +145,16 @@ struct decode_plan {
     return (n + 255) / 256 * 256;
   }
 };
+
+//! Whether a batch of `shape` whose longest sequence attends `max_keys` keys is planned for the
+//! decode kernel that takes two tiles a warp step at two blocks per multiprocessor
+//! (decode_plan::two_tiles): an 8-bit cache with per-token scales (int8: its one-tile kernel,
+//! held to 128 registers at four blocks, spills; the two-tile one holds both tiles in about 208),
+//! head dim up to 128, groups up to 8, and sequences long enough to pay for its heavier steps.
+[[nodiscard]] constexpr bool decode_two_tiles(const decode_shape& shape, std::int64_t max_keys) {
+  return shape.kv_bits == 8 && shape.kv_token_scales && shape.head_dim <= 128 &&
+         shape.group_size() <= 8 && max_keys >= decode_plan::two_tiles_min_keys;
+}
 
 namespace detail {
 
@@ -157,8 +206,9 @@ template <class Lengths>
                                                   std::int64_t max_len, std::int32_t sm_count) {
   const std::int64_t sms = std::max(sm_count, 1);
   std::int64_t chunk = smallest_chunk(shape, lengths, max_len, 2 * sms);
+  const bool two_tiles = decode_two_tiles(shape, max_len);
   const std::int32_t resident =
-      decode_blocks_per_sm(shape.kv_bits, shape.head_dim, shape.group_size());
+      two_tiles ? 2 : decode_blocks_per_sm(shape.kv_bits, shape.head_dim, shape.group_size());
   if (resident > 2) {
     const std::int64_t finer = smallest_chunk(shape, lengths, max_len, resident * sms);
     if (finer >= 16 * decode_plan::tile_tokens) {
@@ -187,6 +237,7 @@ template <class Lengths>
   decode_plan plan;
   plan.shape = shape;
   plan.chunk_tokens = static_cast<std::int32_t>(chunk);
+  plan.two_tiles = two_tiles;
   plan.max_splits =
       static_cast<std::int32_t>((std::max<std::int64_t>(max_len, 1) + chunk - 1) / chunk);
   return plan;

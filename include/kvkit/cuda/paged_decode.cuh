@@ -92,13 +92,13 @@ inline constexpr bool decode_codec =
 } // namespace detail
 
 //! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim,
-//! kv_bits: decode_kv_bits<Layout>), the codecs are per-token ones (a per-page-channel codec is
-//! rejected), the page table's page size is the layout's, the batch fits the plan (equals it unless
-//! the plan is graph-safe), the pointers are set (fp8 scales included, finite and positive; the
-//! cache, queries and outputs 16-byte aligned),
-//! options are in range, and the workspace holds plan.workspace_bytes() 16-byte-aligned bytes. The
-//! sequences' lengths are not checked on the host: every sequence must hold at least one token (the
-//! reference rejects empty ones).
+//! kv_bits and kv_token_scales: decode_shape_for gives them), the codecs are per-token ones (a
+//! per-page-channel codec is rejected), the page table's page size is the layout's, the batch fits
+//! the plan (equals it unless the plan is graph-safe), the pointers are set (fp8 scales included,
+//! finite and positive; the cache, queries and outputs 16-byte aligned), options are in range, and
+//! the workspace holds plan.workspace_bytes() 16-byte-aligned bytes. The sequences' lengths are not
+//! checked on the host: every sequence must hold at least one token (the reference rejects empty
+//! ones).
 template <class Layout, query_element T>
 [[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
                               const void* workspace, std::size_t workspace_bytes) {
@@ -107,7 +107,8 @@ template <class Layout, query_element T>
   const decode_shape& s = plan.shape;
   if (!s.validate().ok() || !a.layout.validate().ok() ||
       a.layout.num_kv_heads() != s.num_kv_heads || a.layout.head_dim() != s.head_dim ||
-      s.kv_bits != decode_kv_bits<Layout> || !detail::decode_codec<K> || !detail::decode_codec<V> ||
+      s.kv_bits != decode_kv_bits<Layout> || s.kv_token_scales != decode_kv_token_scales<Layout> ||
+      !detail::decode_codec<K> || !detail::decode_codec<V> ||
       a.table.page_size != a.layout.page_size() || a.table.batch_size < 0 ||
       a.table.batch_size > s.batch_size ||
       (!plan.graph_safe && a.table.batch_size != s.batch_size)) {
@@ -513,12 +514,13 @@ struct stage_layout {
   // stages or five int4 ones; the kernel is then held to 128 registers. Otherwise two blocks with
   // 24 KB a warp, or 16 KB when K or V is int4: a third block fits where registers allow, and its
   // warps gain more than deeper stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52).
-  // The two-tile kernel (KT = 2, for grids of at most one block per SM) runs one block per SM
-  // with 24 KB a warp: four or more stages of an 8-bit cache at head dim 128, so that two tiles
-  // or more stay in flight while a step computes two (H200: 32 or 48 KB a warp 1-5% slower).
+  // The two-tile kernel (KT = 2) runs two blocks per SM (one where the grid has at most one a
+  // SM) with 24 KB a warp: four or more stages of an 8-bit cache at head dim 128, so that two
+  // tiles or more stay in flight while a step computes two (H200: 32 or 48 KB a warp 1-5%
+  // slower). Two blocks of its 84-96 KB fit; its registers (198-208) are under the cap of two.
   static constexpr int blocks_per_sm =
       KT == 2
-          ? 1
+          ? 2
           : decode_blocks_per_sm(kf::bits < vf::bits ? kf::bits : vf::bits, D, NT == 1 ? 8 : 16);
   static constexpr int budget =
       KT == 2 ? 24576
@@ -1558,11 +1560,12 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   return cudaGetLastError();
 }
 
-// A launch: a grid of at most one block per multiprocessor (a small batch) whose warps have two
-// tiles or more each runs the kernel that takes two tiles a step, where one exists
-// (decode_two_tiles_fit): a B=1 warp waits on its own chain of dependent instructions, and two
-// tiles a step overlap two chains and share one softmax round. One block per SM, so its warps
-// have the shared memory for more tiles in flight. Every other launch runs the one-tile kernel.
+// A launch runs the kernel that takes two tiles a step, where one exists (decode_two_tiles_fit)
+// and the warps have two tiles or more each, on a grid of at most one block per multiprocessor
+// (a small batch: a B=1 warp waits on its own chain of dependent instructions, and two tiles a
+// step overlap two chains and share one softmax round) and on any grid the plan made for it
+// (decode_plan::two_tiles: int8 on long sequences, whose one-tile kernel spills). Every other
+// launch runs the one-tile kernel.
 template <class Layout, class T, int D, int NT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream) {
@@ -1575,7 +1578,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       static_cast<std::int64_t>(plan.max_splits) * plan.shape.num_kv_heads * a.table.batch_size <=
       sms;
   if constexpr (decode_two_tiles_fit<typename Layout::k_codec, typename Layout::v_codec, D, NT>()) {
-    if (small_grid && plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
+    if ((small_grid || plan.two_tiles) && plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
       return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, small_grid);
     }
   }
