@@ -17,7 +17,7 @@ namespace {
 
 // Which caches have the two-tile kernel (run by grids of at most one block per SM whose warps get
 // two tiles or more: in the tests, the launches with one split or a few over the longer
-// sequences; and by every grid of an int8 plan with decode_plan::two_tiles); the GPU tests reach
+// sequences; and by every grid of a plan with decode_plan::two_tiles); the GPU tests reach
 // both kernels for these codecs, the one-tile kernel alone for the others.
 namespace kd = kvkit::cuda::detail;
 static_assert(kd::decode_two_tiles_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1>());
@@ -27,7 +27,9 @@ static_assert(!kd::decode_two_tiles_fit<kvkit::int8_codec, kvkit::int8_codec, 12
 static_assert(!kd::decode_two_tiles_fit<kvkit::int8_codec, kvkit::int8_codec, 256, 1>());
 static_assert(!kd::decode_two_tiles_fit<kvkit::bf16_codec, kvkit::bf16_codec, 128, 1>());
 static_assert(
-    !kd::decode_two_tiles_fit<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 128, 1>());
+    kd::decode_two_tiles_fit<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 128, 1>());
+static_assert(
+    !kd::decode_two_tiles_fit<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 256, 1>());
 static_assert(!kd::decode_two_tiles_fit<kvkit::int8_codec, kvkit::int4_group_codec<64>, 128, 1>());
 
 // Device buffers freed on every path out.

@@ -2,9 +2,10 @@
 // poisoned before every launch, relative-error bounds per codec; partial last pages, length 1,
 // page sizes 1 to 128, wildly different lengths in one batch, split and unsplit paths, GQA groups
 // 1 to 16, head dims 64/128/256, window, soft cap, the graph-safe mode under CUDA graph replay,
-// and the debug page-id check. fp8 and int8 cases run both decode kernels: the two-tile one
-// where the grid has at most one block per SM (one split or a few) and, for int8, wherever the
-// longest sequence has 2048 keys or more; the one-tile one elsewhere.
+// and the debug page-id check. fp8, int8 and int4 cases at head dim up to 128 run both decode
+// kernels: the two-tile one where the grid has at most one block per SM (one split or a few) or
+// the plan chose it (int8 wherever the longest sequence has 2048 keys or more; int4 at a few
+// splits), the one-tile one elsewhere.
 
 #include <algorithm>
 #include <cmath>

@@ -165,9 +165,40 @@ TEST_CASE("plan_decode plans an int8 cache on long sequences for the two-tile ke
   CHECK(graph->two_tiles);
   CHECK(kvkit::decode_two_tiles(kvkit::decode_shape_for(int8, 1, 8), 4096));
   CHECK(!kvkit::decode_two_tiles(kvkit::decode_shape_for(fp8, 1, 8), 4096));
-  // int4 (with an int8 half) keeps its own plan: its narrower codec has 4 bits.
-  const kvkit::paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<32>> mix(16, 8, 128);
-  CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(mix, 32, 32), lens, 132)->two_tiles);
+}
+
+TEST_CASE("plan_decode plans an int4 cache for the two-tile kernel where one wave of two blocks "
+          "per multiprocessor covers it",
+          "[attention][plan]") {
+  const kvkit::paged_layout<kvkit::int4_group_codec<32>> int4(16, 8, 128);
+  const auto plan = [&](std::int32_t batch, std::int32_t len) {
+    const auto p = kvkit::plan_decode(kvkit::decode_shape_for(int4, batch, 32),
+                                      std::vector<std::int32_t>(batch, len), 132);
+    REQUIRE(p.ok());
+    INFO("B=" << batch << " L=" << len << " chunk " << p->chunk_tokens << " splits "
+              << p->max_splits);
+    if (p->two_tiles) {
+      // Blocks of 256 to 2048 keys, in one wave of two per multiprocessor, more than one.
+      CHECK(p->chunk_tokens >= 4 * decode_plan::tile_tokens);
+      CHECK(p->chunk_tokens <= 32 * decode_plan::tile_tokens);
+      CHECK(static_cast<std::int64_t>(p->max_splits) * batch * 8 <= 2 * 132);
+      CHECK(static_cast<std::int64_t>(p->max_splits) * batch * 8 > 132);
+    }
+    return *p;
+  };
+  CHECK(plan(8, 2048).two_tiles);   // 4 splits of 512
+  CHECK(plan(32, 512).two_tiles);   // 1 split of 512
+  CHECK(plan(32, 2048).two_tiles);  // 1 split of 2048
+  CHECK(!plan(64, 2048).two_tiles); // 512 blocks: four a multiprocessor
+  CHECK(!plan(32, 8192).two_tiles); // blocks of 8192 keys
+  CHECK(!plan(8, 512).two_tiles);   // blocks of 128 keys
+  CHECK(!plan(1, 2048).two_tiles);  // 64 blocks: not more than one a multiprocessor
+  CHECK(plan(1, 8192).two_tiles);   // 32 splits of 256
+  // Split for two blocks where it takes the two-tile kernel, for four otherwise.
+  CHECK(plan(32, 2048).max_splits == 1);
+  CHECK(plan(64, 2048).max_splits == 1);
+  CHECK(!plan(8, 8192).two_tiles); // over 2048 keys a block for two: 8 splits of 1024 for four
+  CHECK(plan(8, 8192).max_splits == 8);
 }
 
 TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {

@@ -105,8 +105,10 @@ struct decode_plan {
   std::int32_t max_splits = 0;   //!< splits per sequence the grid has room for
   bool graph_safe = false;       //!< planned from a length bound, not from the batch's lengths
   //! The launch runs the kernel that takes two tiles a warp step, two blocks per multiprocessor,
-  //! on every grid (decode_two_tiles): an 8-bit cache with per-token scales (int8) whose longest
-  //! sequence attends two_tiles_min_keys keys or more, head dim up to 128, groups up to 8. The
+  //! on every grid, at head dim up to 128 and groups up to 8: an 8-bit cache with per-token
+  //! scales (int8) whose longest sequence attends two_tiles_min_keys keys or more
+  //! (decode_two_tiles), and an int4 cache whose blocks of 256 to 2048 keys fill one wave of two
+  //! blocks per multiprocessor (more blocks than multiprocessors, at most twice as many). The
   //! launcher also runs that kernel, for fp8 and int8, on a grid of at most one block per
   //! multiprocessor whatever this says.
   bool two_tiles = false;
@@ -196,19 +198,16 @@ template <class Lengths>
   return std::min(chunk, longest);
 }
 
-// Splits for one wave of two blocks per multiprocessor. Where the kernel keeps four resident
-// (decode_blocks_per_sm), it splits for four only if each block still gets at least 16 tiles:
-// shorter ones pay their start and their merge for too little work (H200, fp8: B=8, L=8192 50.3
-// to 46.5 us with 8 splits of 1024 keys, but B=1, L=8192 19.1 to 22.7 us with 64 of 128, and
-// B=32, L=512 19.2 to 21.5 us with 2 of 256).
+// The chunk for one wave of two blocks per multiprocessor. Where the kernel keeps four resident
+// (`resident`), it splits for four only if each block still gets at least 16 tiles: shorter ones
+// pay their start and their merge for too little work (H200, fp8: B=8, L=8192 50.3 to 46.5 us with
+// 8 splits of 1024 keys, but B=1, L=8192 19.1 to 22.7 us with 64 of 128, and B=32, L=512 19.2 to
+// 21.5 us with 2 of 256).
 template <class Lengths>
-[[nodiscard]] constexpr decode_plan choose_splits(const decode_shape& shape, Lengths&& lengths,
-                                                  std::int64_t max_len, std::int32_t sm_count) {
-  const std::int64_t sms = std::max(sm_count, 1);
+[[nodiscard]] constexpr std::int64_t chunk_for(const decode_shape& shape, Lengths& lengths,
+                                               std::int64_t max_len, std::int64_t sms,
+                                               std::int32_t resident) {
   std::int64_t chunk = smallest_chunk(shape, lengths, max_len, 2 * sms);
-  const bool two_tiles = decode_two_tiles(shape, max_len);
-  const std::int32_t resident =
-      two_tiles ? 2 : decode_blocks_per_sm(shape.kv_bits, shape.head_dim, shape.group_size());
   if (resident > 2) {
     const std::int64_t finer = smallest_chunk(shape, lengths, max_len, resident * sms);
     if (finer >= 16 * decode_plan::tile_tokens) {
@@ -233,6 +232,38 @@ template <class Lengths>
     if (split_count(lengths, cluster_chunk) * shape.num_kv_heads <= sms) {
       chunk = cluster_chunk;
     }
+  }
+  return chunk;
+}
+
+// The splits, and the kernel they are cut for. An int8 cache on long sequences takes the two-tile
+// kernel at two blocks per SM (decode_two_tiles). An int4 one takes it where its plan for two
+// blocks is one wave of more blocks than SMs, of 256 to 2048 keys each (H200: B=8, L=2048 15-19%
+// faster, B=32, L=512 13%, B=32, L=2048 5-10%); more blocks, or longer ones, run faster as four
+// blocks of one-tile warps (B=64, L=2048 13% and B=32, L=8192 2-4% slower with two tiles), and
+// fewer gain nothing (B=1, L=2048 0-6% slower). The plan sees only the
+// narrower codec's bits: a cache of int4 K and int8 V (or the reverse) is planned as int4, though
+// its launch keeps the one-tile kernel (which has no two-tile form for mixed widths).
+template <class Lengths>
+[[nodiscard]] constexpr decode_plan choose_splits(const decode_shape& shape, Lengths&& lengths,
+                                                  std::int64_t max_len, std::int32_t sm_count) {
+  const std::int64_t sms = std::max(sm_count, 1);
+  bool two_tiles = decode_two_tiles(shape, max_len);
+  std::int64_t chunk = 0;
+  if (two_tiles) {
+    chunk = chunk_for(shape, lengths, max_len, sms, 2);
+  } else if (shape.kv_bits == 4 && shape.head_dim <= 128 && shape.group_size() <= 8) {
+    const std::int64_t two = chunk_for(shape, lengths, max_len, sms, 2);
+    const std::int64_t blocks = split_count(lengths, two) * shape.num_kv_heads;
+    if (two >= 4 * decode_plan::tile_tokens && two <= 32 * decode_plan::tile_tokens &&
+        blocks > sms && blocks <= 2 * sms) {
+      two_tiles = true;
+      chunk = two;
+    }
+  }
+  if (!two_tiles) {
+    chunk = chunk_for(shape, lengths, max_len, sms,
+                      decode_blocks_per_sm(shape.kv_bits, shape.head_dim, shape.group_size()));
   }
   decode_plan plan;
   plan.shape = shape;

@@ -541,14 +541,15 @@ constexpr int decode_smem_bytes() {
   return pipeline > merge ? pipeline : merge;
 }
 
-// Whether the two-tile kernel serves these codecs and shapes: fp8 and int8 caches (H200, B=1,
-// L=2048: fp8 7-13% faster, int8 13-17%; bf16 was 2-10% slower with its 255 registers, int4 the
-// same), at head dims up to 128 with groups up to 8 heads, where the registers hold both tiles'
-// operands without spilling, and with a ring that holds two steps of two tiles (its 24 KB a warp
-// keeps the block's shared memory under 100 KB).
+// Whether the two-tile kernel serves these codecs and shapes: fp8, int8 and int4 caches (K and V
+// of one width; H200, B=1, L=2048: fp8 7-13% faster, int8 13-17%; int4 at one wave of two blocks
+// per SM, 5-19%; bf16 was 2-10% slower with its 255 registers), at head dims up to 128 with groups
+// up to 8 heads, where the registers hold both tiles' operands without spilling, and with a ring
+// that holds two steps of two tiles (its 24 KB a warp keeps the block's shared memory under 100
+// KB).
 template <class K, class V, int D, int NT>
 constexpr bool decode_two_tiles_fit() {
-  return frag<K, D>::bits == 8 && frag<V, D>::bits == 8 && D <= 128 && NT == 1 &&
+  return frag<K, D>::bits == frag<V, D>::bits && frag<K, D>::bits <= 8 && D <= 128 && NT == 1 &&
          stage_layout<K, V, D, NT, 2>::stages >= 4;
 }
 
@@ -1561,11 +1562,12 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 }
 
 // A launch runs the kernel that takes two tiles a step, where one exists (decode_two_tiles_fit)
-// and the warps have two tiles or more each, on a grid of at most one block per multiprocessor
-// (a small batch: a B=1 warp waits on its own chain of dependent instructions, and two tiles a
-// step overlap two chains and share one softmax round) and on any grid the plan made for it
-// (decode_plan::two_tiles: int8 on long sequences, whose one-tile kernel spills). Every other
-// launch runs the one-tile kernel.
+// and the warps have two tiles or more each, on any grid the plan made for it
+// (decode_plan::two_tiles: int8 on long sequences, whose one-tile kernel spills; int4 at one wave
+// of two blocks per SM) and, for an 8-bit cache, on a grid of at most one block per
+// multiprocessor (a small batch: a B=1 warp waits on its own chain of dependent instructions,
+// and two tiles a step overlap two chains and share one softmax round; int4 gains nothing
+// there). Every other launch runs the one-tile kernel.
 template <class Layout, class T, int D, int NT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream) {
@@ -1578,7 +1580,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       static_cast<std::int64_t>(plan.max_splits) * plan.shape.num_kv_heads * a.table.batch_size <=
       sms;
   if constexpr (decode_two_tiles_fit<typename Layout::k_codec, typename Layout::v_codec, D, NT>()) {
-    if ((small_grid || plan.two_tiles) && plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
+    constexpr bool eight_bit = frag<typename Layout::k_codec, D>::bits == 8;
+    if (((small_grid && eight_bit) || plan.two_tiles) &&
+        plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
       return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, small_grid);
     }
   }
