@@ -4,8 +4,8 @@
 // 1 to 16, head dims 64/128/256, window, soft cap, the graph-safe mode under CUDA graph replay,
 // and the debug page-id check. fp8, int8 and int4 cases at head dim up to 128 run both decode
 // kernels: the two-tile one where the grid has at most one block per SM (one split or a few) or
-// the plan chose it (int8 wherever the longest sequence has 2048 keys or more; int4 at a few
-// splits), the one-tile one elsewhere.
+// the plan chose it (int8 wherever the longest sequence has 2048 keys or more; int8 and int4
+// where two blocks per SM make one wave), the one-tile one elsewhere.
 
 #include <algorithm>
 #include <cmath>
@@ -267,7 +267,8 @@ TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
                    __half>({32, 4, 64}, group, lens, s + 2, {}, sms);
       check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 4, 128}, group, lens,
                                                                         s + 3, {}, sms);
-      // int8 below decode_plan::two_tiles_min_keys: the one-tile kernel where the grid is large.
+      // int8 below decode_plan::two_tiles_min_keys: the one-tile kernel with one SM (the plan for
+      // two blocks is not one wave of more blocks than SMs), the two-tile one with 16 (it is).
       check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>(
           {16, 4, 128}, group, {1, 31, 200, 1500}, s + 9, {}, sms);
       check_decode<256, paged_layout<kvkit::int4_group_codec<32>>, __half>({16, 2, 256}, group,

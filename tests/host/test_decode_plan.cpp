@@ -147,9 +147,10 @@ TEST_CASE("plan_decode plans an int8 cache on long sequences for the two-tile ke
   CHECK(i8->max_splits == 1);
   CHECK(f8->max_splits == 2);
   CHECK(static_cast<std::int64_t>(i8->max_splits) * 32 * 8 <= 2 * 132);
-  // Shorter sequences, head dim 256, groups over 8: the one-tile kernel's plan.
-  const std::vector<std::int32_t> short_lens(32, decode_plan::two_tiles_min_keys - 1);
-  const auto i8_short = kvkit::plan_decode(kvkit::decode_shape_for(int8, 32, 32), short_lens, 132);
+  // Shorter sequences (where the plan for two blocks is not one wave), head dim 256, groups over
+  // 8: the one-tile kernel's plan.
+  const std::vector<std::int32_t> short_lens(64, decode_plan::two_tiles_min_keys - 1);
+  const auto i8_short = kvkit::plan_decode(kvkit::decode_shape_for(int8, 64, 32), short_lens, 132);
   REQUIRE(i8_short.ok());
   CHECK(!i8_short->two_tiles);
   const kvkit::paged_layout<kvkit::int8_codec> wide_heads(16, 8, 256);
@@ -163,8 +164,22 @@ TEST_CASE("plan_decode plans an int8 cache on long sequences for the two-tile ke
                                                    decode_plan::two_tiles_min_keys, 132);
   REQUIRE(graph.ok());
   CHECK(graph->two_tiles);
-  CHECK(kvkit::decode_two_tiles(kvkit::decode_shape_for(int8, 1, 8), 4096));
-  CHECK(!kvkit::decode_two_tiles(kvkit::decode_shape_for(fp8, 1, 8), 4096));
+  // Below two_tiles_min_keys, where two blocks of 256 to 2048 keys per multiprocessor are one
+  // wave of more blocks than multiprocessors, as for int4: 256 blocks of 512 keys.
+  const auto one_wave = kvkit::plan_decode(kvkit::decode_shape_for(int8, 32, 32),
+                                           std::vector<std::int32_t>(32, 512), 132);
+  REQUIRE(one_wave.ok());
+  CHECK(one_wave->two_tiles);
+  CHECK(one_wave->max_splits == 1);
+  CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(fp8, 32, 32),
+                            std::vector<std::int32_t>(32, 512), 132)
+             ->two_tiles);
+  CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(int8, 8, 32), std::vector<std::int32_t>(8, 512),
+                            132)
+             ->two_tiles); // 128 keys a block
+  CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(int8, 64, 32),
+                            std::vector<std::int32_t>(64, 512), 132)
+             ->two_tiles); // 512 blocks
 }
 
 TEST_CASE("plan_decode plans an int4 cache for the two-tile kernel where one wave of two blocks "

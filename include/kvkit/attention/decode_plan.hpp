@@ -106,11 +106,11 @@ struct decode_plan {
   bool graph_safe = false;       //!< planned from a length bound, not from the batch's lengths
   //! The launch runs the kernel that takes two tiles a warp step, two blocks per multiprocessor,
   //! on every grid, at head dim up to 128 and groups up to 8: an 8-bit cache with per-token
-  //! scales (int8) whose longest sequence attends two_tiles_min_keys keys or more
-  //! (decode_two_tiles), and an int4 cache whose blocks of 256 to 2048 keys fill one wave of two
-  //! blocks per multiprocessor (more blocks than multiprocessors, at most twice as many). The
-  //! launcher also runs that kernel, for fp8 and int8, on a grid of at most one block per
-  //! multiprocessor whatever this says.
+  //! scales (int8) whose longest sequence attends two_tiles_min_keys keys or more, and an int8 or
+  //! int4 cache whose blocks of 256 to 2048 keys fill one wave of two blocks per multiprocessor
+  //! (more blocks than multiprocessors, at most twice as many). The launcher also runs that
+  //! kernel, for fp8 and int8, on a grid of at most one block per multiprocessor whatever this
+  //! says.
   bool two_tiles = false;
 
   //! Keys a thread block processes per step of its four warps (each warp takes 16).
@@ -148,17 +148,14 @@ struct decode_plan {
   }
 };
 
-//! Whether a batch of `shape` whose longest sequence attends `max_keys` keys is planned for the
-//! decode kernel that takes two tiles a warp step at two blocks per multiprocessor
-//! (decode_plan::two_tiles): an 8-bit cache with per-token scales (int8: its one-tile kernel,
-//! held to 128 registers at four blocks, spills; the two-tile one holds both tiles in about 208),
-//! head dim up to 128, groups up to 8, and sequences long enough to pay for its heavier steps.
-[[nodiscard]] constexpr bool decode_two_tiles(const decode_shape& shape, std::int64_t max_keys) {
-  return shape.kv_bits == 8 && shape.kv_token_scales && shape.head_dim <= 128 &&
-         shape.group_size() <= 8 && max_keys >= decode_plan::two_tiles_min_keys;
-}
-
 namespace detail {
+
+// Whether the two-tile kernel serves a cache of `shape` (K and V of one width assumed: the plan
+// sees only the narrower codec's bits): int8 or int4 at head dim up to 128 with groups up to 8.
+[[nodiscard]] constexpr bool two_tiles_cache(const decode_shape& shape) {
+  return (shape.kv_bits == 4 || (shape.kv_bits == 8 && shape.kv_token_scales)) &&
+         shape.head_dim <= 128 && shape.group_size() <= 8;
+}
 
 // Keys a sequence of `len` tokens attends to under `window`.
 [[nodiscard]] constexpr std::int64_t attended(std::int64_t len, std::int32_t window) {
@@ -236,23 +233,28 @@ template <class Lengths>
   return chunk;
 }
 
-// The splits, and the kernel they are cut for. An int8 cache on long sequences takes the two-tile
-// kernel at two blocks per SM (decode_two_tiles). An int4 one takes it where its plan for two
-// blocks is one wave of more blocks than SMs, of 256 to 2048 keys each (H200: B=8, L=2048 15-19%
-// faster, B=32, L=512 13%, B=32, L=2048 5-10%); more blocks, or longer ones, run faster as four
-// blocks of one-tile warps (B=64, L=2048 13% and B=32, L=8192 2-4% slower with two tiles), and
-// fewer gain nothing (B=1, L=2048 0-6% slower). The plan sees only the
-// narrower codec's bits: a cache of int4 K and int8 V (or the reverse) is planned as int4, though
-// its launch keeps the one-tile kernel (which has no two-tile form for mixed widths).
+// The splits, and the kernel they are cut for: the two-tile kernel at two blocks per SM
+// (decode_plan::two_tiles) or the one-tile kernel at decode_blocks_per_sm. An int8 cache takes
+// the two-tile kernel whenever its longest sequence attends two_tiles_min_keys keys or more (its
+// one-tile kernel, held to 128 registers at four blocks, spills; the two-tile one holds both
+// tiles in 208: H200, int8 8-16% faster at every shape from L=2048). An int8 or int4 cache takes
+// it too where its plan for two blocks is one wave of more blocks than SMs, of 256 to 2048 keys
+// each (int4: B=8, L=2048 15-19% faster, B=32, L=512 13%, B=32, L=2048 5-10%; int8 at B=32,
+// L=512 11%); more blocks, or longer ones, run faster as four blocks of one-tile warps (int4:
+// B=64, L=2048 13% and B=32, L=8192 2-4% slower with two tiles), and fewer gain nothing (int4
+// B=1, L=2048 0-6% slower). The plan sees only the narrower codec's bits: a cache of int4 K and
+// int8 V (or the reverse) is planned as int4, though its launch keeps the one-tile kernel (which
+// has no two-tile form for mixed widths).
 template <class Lengths>
 [[nodiscard]] constexpr decode_plan choose_splits(const decode_shape& shape, Lengths&& lengths,
                                                   std::int64_t max_len, std::int32_t sm_count) {
   const std::int64_t sms = std::max(sm_count, 1);
-  bool two_tiles = decode_two_tiles(shape, max_len);
+  bool two_tiles =
+      two_tiles_cache(shape) && shape.kv_bits == 8 && max_len >= decode_plan::two_tiles_min_keys;
   std::int64_t chunk = 0;
   if (two_tiles) {
     chunk = chunk_for(shape, lengths, max_len, sms, 2);
-  } else if (shape.kv_bits == 4 && shape.head_dim <= 128 && shape.group_size() <= 8) {
+  } else if (two_tiles_cache(shape)) {
     const std::int64_t two = chunk_for(shape, lengths, max_len, sms, 2);
     const std::int64_t blocks = split_count(lengths, two) * shape.num_kv_heads;
     if (two >= 4 * decode_plan::tile_tokens && two <= 32 * decode_plan::tile_tokens &&
