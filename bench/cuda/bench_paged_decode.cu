@@ -298,6 +298,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     state.counters["memcpy_TB/s"] = ctx->memcpy_rate / 1e12;
     state.counters["x_memcpy"] = rate / ctx->memcpy_rate;
     state.counters["splits"] = plan.max_splits;
+    state.counters["two_tiles"] = plan.two_tiles ? 1.0 : 0.0; // the plan chose the two-tile kernel
     const std::int64_t tokens = static_cast<std::int64_t>(batch) * len;
     if (batch == 1 && len == 2048) {
       state.counters["x_target"] = 6e-6 / t; // target: <= 6 us per call

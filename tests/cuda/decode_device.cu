@@ -15,10 +15,12 @@ namespace kvkit_test {
 
 namespace {
 
-// Which caches have the two-tile kernel (run by grids of at most one block per SM whose warps get
-// two tiles or more: in the tests, the launches with one split or a few over the longer
-// sequences; and by every grid of a plan with decode_plan::two_tiles); the GPU tests reach
-// both kernels for these codecs, the one-tile kernel alone for the others.
+// Which caches have the two-tile kernel. It runs where the warps get two tiles or more, on a grid
+// of at most one block per SM of an 8-bit cache and on every grid of a plan with
+// decode_plan::two_tiles (int8 from 2048 keys; int8 and int4 where two blocks per SM make one
+// wave); in the tests, the launches with one split or a few. The GPU tests reach both kernels for
+// these codecs (the one-tile one through many splits, or many short sequences), the one-tile
+// kernel alone for the others.
 namespace kd = kvkit::cuda::detail;
 static_assert(kd::decode_two_tiles_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1>());
 static_assert(kd::decode_two_tiles_fit<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, 64, 1>());
@@ -322,8 +324,8 @@ std::vector<std::string> decode_validation_failures() {
   bad_plan.shape.kv_bits = 8; // a plan for an 8-bit cache, the layout's is bf16
   check("kv_bits of another cache", good, bad_plan, fake, ws, false);
   bad_plan = plan;
-  bad_plan.shape.kv_token_scales = true; // a plan for a cache scaled per token
-  check("kv_token_scales of another cache", good, bad_plan, fake, ws, false);
+  bad_plan.shape.kv_scaled_one_width = true; // a plan for a cache scaled per token
+  check("kv_scaled_one_width of another cache", good, bad_plan, fake, ws, false);
   bad_plan = plan;
   bad_plan.max_splits = kvkit::decode_plan::max_splits_limit + 1;
   check("more splits than the merge holds", good, bad_plan, fake, ws, false);

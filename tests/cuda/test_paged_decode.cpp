@@ -255,6 +255,10 @@ TEST_CASE("paged_decode bf16: head dims 64 and 256, one KV head (MQA)", "[cuda][
 TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
   const std::uint64_t seed = kvkit_test::test_seed(0xC0DEC);
   const std::vector<std::int32_t> lens{1, 31, 200, 3000};
+  std::vector<std::int32_t> many_short(48); // 192 (sequence, KV head) pairs of at most 190 keys
+  for (std::size_t i = 0; i < many_short.size(); ++i) {
+    many_short[i] = 1 + static_cast<std::int32_t>(i * 37 % 190);
+  }
   for (const std::int32_t group : {1, 4, 8, 16}) {
     // One split; a few, merged in a thread block cluster; many, merged through the workspace.
     for (const std::int32_t sms : {1, 16, 4096}) {
@@ -267,10 +271,19 @@ TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
                    __half>({32, 4, 64}, group, lens, s + 2, {}, sms);
       check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 4, 128}, group, lens,
                                                                         s + 3, {}, sms);
-      // int8 below decode_plan::two_tiles_min_keys: the one-tile kernel with one SM (the plan for
-      // two blocks is not one wave of more blocks than SMs), the two-tile one with 16 (it is).
+      // int8 below decode_plan::two_tiles_min_keys: two tiles where two blocks per SM of 256 keys
+      // or more make one wave (16 SMs), or where the grid is small (1 SM: 16 blocks on the device).
       check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>(
           {16, 4, 128}, group, {1, 31, 200, 1500}, s + 9, {}, sms);
+      // ... and the one-tile kernel, on more blocks than the device has SMs: unsplit blocks of
+      // fewer than 256 keys (with 4096 SMs their 192 clusters of 3 splits would not all fit),
+      // and five sequences cut into 8 splits for 4096 SMs (20 clusters of 8).
+      if (sms != 4096) {
+        check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>(
+            {16, 4, 128}, group, many_short, s + 10, {}, sms);
+      }
+      check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>(
+          {16, 4, 128}, group, {1000, 1200, 1400, 1456, 900}, s + 11, {}, sms);
       check_decode<256, paged_layout<kvkit::int4_group_codec<32>>, __half>({16, 2, 256}, group,
                                                                            lens, s + 4, {}, sms);
       check_decode<

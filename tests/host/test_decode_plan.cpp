@@ -106,12 +106,18 @@ TEST_CASE("plan_decode splits a quantized cache for four resident blocks per mul
   CHECK(big_group->max_splits == big_group_wide->max_splits);
 }
 
-// kv_token_scales of a layout: whether K or V is scaled per token.
-static_assert(!kvkit::decode_kv_token_scales<kvkit::paged_layout<kvkit::bf16_codec>>);
-static_assert(!kvkit::decode_kv_token_scales<kvkit::paged_layout<kvkit::fp8_e4m3_codec>>);
-static_assert(kvkit::decode_kv_token_scales<kvkit::paged_layout<kvkit::int8_codec>>);
-static_assert(kvkit::decode_kv_token_scales<
+// kv_scaled_one_width of a layout: K and V of one width, at least one scaled per token.
+static_assert(!kvkit::decode_kv_scaled_one_width<kvkit::paged_layout<kvkit::bf16_codec>>);
+static_assert(!kvkit::decode_kv_scaled_one_width<kvkit::paged_layout<kvkit::fp8_e4m3_codec>>);
+static_assert(kvkit::decode_kv_scaled_one_width<kvkit::paged_layout<kvkit::int8_codec>>);
+static_assert(kvkit::decode_kv_scaled_one_width<
+              kvkit::paged_layout<kvkit::int8_codec, kvkit::fp8_e5m2_codec>>);
+static_assert(kvkit::decode_kv_scaled_one_width<
+              kvkit::paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<128>>>);
+static_assert(!kvkit::decode_kv_scaled_one_width<
               kvkit::paged_layout<kvkit::fp8_e5m2_codec, kvkit::int4_group_codec<32>>>);
+static_assert(
+    !kvkit::decode_kv_scaled_one_width<kvkit::paged_layout<kvkit::int8_codec, kvkit::bf16_codec>>);
 
 TEST_CASE("decode_shape_for takes the cache's fields from the layout", "[attention][plan]") {
   const kvkit::paged_layout<kvkit::int8_codec> int8(16, 4, 64);
@@ -122,13 +128,62 @@ TEST_CASE("decode_shape_for takes the cache's fields from the layout", "[attenti
   CHECK(s.head_dim == 64);
   CHECK(s.window == 100);
   CHECK(s.kv_bits == 8);
-  CHECK(s.kv_token_scales);
+  CHECK(s.kv_scaled_one_width);
   CHECK(s.validate().ok());
   const decode_shape f =
       kvkit::decode_shape_for(kvkit::paged_layout<kvkit::fp8_e4m3_codec>(16, 8, 128), 1, 32);
   CHECK(f.kv_bits == 8);
-  CHECK(!f.kv_token_scales);
+  CHECK(!f.kv_scaled_one_width);
   CHECK(f.window == 0);
+  // The flag with a 16-bit cache describes no cache.
+  decode_shape wrong =
+      kvkit::decode_shape_for(kvkit::paged_layout<kvkit::bf16_codec>(16, 8, 128), 1, 32);
+  CHECK(wrong.validate().ok());
+  wrong.kv_scaled_one_width = true;
+  CHECK(wrong.validate().error() == kvkit::errc::bad_argument);
+}
+
+TEST_CASE("plan_decode takes the two-tile kernel for int8 from two_tiles_min_keys on any grid",
+          "[attention][plan]") {
+  // Shapes the one-wave rule rejects (512 blocks; blocks over 2048 keys; blocks of 128 keys):
+  // int8 takes two tiles there by its length alone, int4 and fp8 do not.
+  const kvkit::paged_layout<kvkit::int8_codec> int8(16, 8, 128);
+  const kvkit::paged_layout<kvkit::int4_group_codec<32>> int4(16, 8, 128);
+  const kvkit::paged_layout<kvkit::fp8_e4m3_codec> fp8(16, 8, 128);
+  struct shape_case {
+    std::int32_t batch, q_heads, len;
+  };
+  for (const shape_case c : {shape_case{64, 32, 2048}, shape_case{8, 32, 8192},
+                             shape_case{1, 8, 4096}, shape_case{128, 32, 32768}}) {
+    INFO("B=" << c.batch << " q_heads " << c.q_heads << " L=" << c.len);
+    const std::vector<std::int32_t> lens(static_cast<std::size_t>(c.batch), c.len);
+    const auto i8 =
+        kvkit::plan_decode(kvkit::decode_shape_for(int8, c.batch, c.q_heads), lens, 132);
+    const auto i4 =
+        kvkit::plan_decode(kvkit::decode_shape_for(int4, c.batch, c.q_heads), lens, 132);
+    const auto f8 = kvkit::plan_decode(kvkit::decode_shape_for(fp8, c.batch, c.q_heads), lens, 132);
+    REQUIRE(i8.ok());
+    REQUIRE(i4.ok());
+    REQUIRE(f8.ok());
+    CHECK(i8->two_tiles);
+    CHECK(!i4->two_tiles);
+    CHECK(!f8->two_tiles);
+    // Two tiles a warp or more: the launcher runs the two-tile kernel only then.
+    CHECK(i8->chunk_tokens >= 2 * decode_plan::tile_tokens);
+  }
+  // Just below the bound, where no wave rule applies: the one-tile kernel's plan.
+  const std::vector<std::int32_t> below(64, decode_plan::two_tiles_min_keys - 1);
+  CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(int8, 64, 32), below, 132)->two_tiles);
+  const std::vector<std::int32_t> at(64, decode_plan::two_tiles_min_keys);
+  CHECK(kvkit::plan_decode(kvkit::decode_shape_for(int8, 64, 32), at, 132)->two_tiles);
+  // K and V of different widths have no two-tile kernel: never planned for it.
+  const kvkit::paged_layout<kvkit::int8_codec, kvkit::bf16_codec> int8_bf16(16, 8, 128);
+  const kvkit::paged_layout<kvkit::int4_group_codec<32>, kvkit::int8_codec> int4_int8(16, 8, 128);
+  for (const std::int32_t len : {512, 2048, 8192}) {
+    const std::vector<std::int32_t> lens(32, len);
+    CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(int8_bf16, 32, 32), lens, 132)->two_tiles);
+    CHECK(!kvkit::plan_decode(kvkit::decode_shape_for(int4_int8, 32, 32), lens, 132)->two_tiles);
+  }
 }
 
 TEST_CASE("plan_decode plans an int8 cache on long sequences for the two-tile kernel",

@@ -10,6 +10,7 @@
 //! ```
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -29,21 +30,23 @@ struct decode_shape {
   //! Bits per cached element of the narrower of the K and V codecs: 16 (fp16, bf16), 8 (fp8,
   //! int8) or 4 (int4). A quantized cache keeps more thread blocks resident, so it is split finer.
   std::int32_t kv_bits = 16;
-  //! Whether the K or V codec carries a scale per token (int8, int4 groups). An 8-bit cache with
-  //! one (int8) runs a kernel that takes two tiles a warp step, two blocks per multiprocessor, on
-  //! sequences of two_tiles_min_keys or more, and is split for that.
-  bool kv_token_scales = false;
+  //! Whether K and V have one width and at least one carries a scale per token: int8, int4
+  //! groups, int8 K with fp8 V (not int8 K with bf16 V, nor int4 K with int8 V). Such a cache has
+  //! a decode kernel that takes two tiles a warp step, which the plan may choose for it
+  //! (decode_plan::two_tiles).
+  bool kv_scaled_one_width = false;
 
   [[nodiscard]] constexpr std::int32_t group_size() const {
     return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
   }
   //! bad_argument unless the batch is positive, the group size is 1..16 and divides evenly,
-  //! head_dim is 64, 128 or 256, and kv_bits is 4, 8 or 16.
+  //! head_dim is 64, 128 or 256, kv_bits is 4, 8 or 16, and kv_scaled_one_width is false where
+  //! kv_bits is 16.
   [[nodiscard]] constexpr status validate() const noexcept {
     if (batch_size <= 0 || num_kv_heads <= 0 || num_q_heads <= 0 ||
         num_q_heads % num_kv_heads != 0 || group_size() > 16 || window < 0 ||
         (head_dim != 64 && head_dim != 128 && head_dim != 256) ||
-        (kv_bits != 4 && kv_bits != 8 && kv_bits != 16)) {
+        (kv_bits != 4 && kv_bits != 8 && kv_bits != 16) || (kv_bits == 16 && kv_scaled_one_width)) {
       return errc::bad_argument;
     }
     return {};
@@ -56,20 +59,26 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
 inline constexpr std::int32_t decode_kv_bits =
     Layout::k_codec::bits < Layout::v_codec::bits ? Layout::k_codec::bits : Layout::v_codec::bits;
 
-//! decode_shape::kv_token_scales of a cache of this layout: whether K or V is scaled per token.
+//! decode_shape::kv_scaled_one_width of a cache of this layout: K and V of one width, at least one
+//! scaled per token.
 template <class Layout>
 requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec>
-inline constexpr bool decode_kv_token_scales =
-    Layout::k_codec::scaling == kv_scaling::per_token_head ||
-    Layout::k_codec::scaling == kv_scaling::per_token_group ||
-    Layout::v_codec::scaling == kv_scaling::per_token_head ||
-    Layout::v_codec::scaling == kv_scaling::per_token_group;
+inline constexpr bool decode_kv_scaled_one_width =
+    Layout::k_codec::bits == Layout::v_codec::bits &&
+    (Layout::k_codec::scaling == kv_scaling::per_token_head ||
+     Layout::k_codec::scaling == kv_scaling::per_token_group ||
+     Layout::v_codec::scaling == kv_scaling::per_token_head ||
+     Layout::v_codec::scaling == kv_scaling::per_token_group);
 
 //! The decode_shape of a batch of `batch_size` sequences with `num_q_heads` query heads over a
-//! cache of `layout` (its KV heads, head dim, kv_bits and kv_token_scales), attending within
+//! cache of `layout` (its KV heads, head dim, kv_bits and kv_scaled_one_width), attending within
 //! `window` (0: no window).
 template <class Layout>
-requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec>
+requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec> &&
+    requires(const Layout& l) {
+  { l.num_kv_heads() } -> std::convertible_to<std::int32_t>;
+  { l.head_dim() } -> std::convertible_to<std::int32_t>;
+}
 [[nodiscard]] constexpr decode_shape decode_shape_for(const Layout& layout, std::int32_t batch_size,
                                                       std::int32_t num_q_heads,
                                                       std::int32_t window = 0) {
@@ -79,7 +88,7 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
           layout.head_dim(),
           window,
           decode_kv_bits<Layout>,
-          decode_kv_token_scales<Layout>};
+          decode_kv_scaled_one_width<Layout>};
 }
 
 //! Thread blocks of the decode kernel resident on one multiprocessor for a cache of `kv_bits`
@@ -122,8 +131,9 @@ struct decode_plan {
   //! inside a thread block cluster (through distributed shared memory: the workspace then goes
   //! unused); more are merged through the workspace.
   static constexpr std::int32_t max_cluster_splits = 8;
-  //! The shortest longest sequence (keys attended) for which an int8 cache is planned for the
-  //! two-tile kernel (H200: int8 5-15% faster from L=2048, but up to 17% slower at L=512).
+  //! The shortest longest sequence (keys attended) from which an int8 cache is planned for the
+  //! two-tile kernel on every grid (H200: int8 8-16% faster from L=2048); below it, only where
+  //! two blocks per multiprocessor make one wave (see two_tiles).
   static constexpr std::int32_t two_tiles_min_keys = 2048;
 
   //! Bytes of workspace: partial outputs and log-sum-exps (fp32) of every split, and one arrival
@@ -150,10 +160,11 @@ struct decode_plan {
 
 namespace detail {
 
-// Whether the two-tile kernel serves a cache of `shape` (K and V of one width assumed: the plan
-// sees only the narrower codec's bits): int8 or int4 at head dim up to 128 with groups up to 8.
+// Whether the two-tile kernel serves a cache of `shape` that the plan may choose it for: K and V
+// of one width, 8 or 4 bits, scaled per token (int8, int4), at head dim up to 128 with groups up
+// to 8 (kvkit::cuda::detail::decode_two_tiles_fit on the device side).
 [[nodiscard]] constexpr bool two_tiles_cache(const decode_shape& shape) {
-  return (shape.kv_bits == 4 || (shape.kv_bits == 8 && shape.kv_token_scales)) &&
+  return shape.kv_scaled_one_width && (shape.kv_bits == 4 || shape.kv_bits == 8) &&
          shape.head_dim <= 128 && shape.group_size() <= 8;
 }
 
@@ -239,12 +250,11 @@ template <class Lengths>
 // one-tile kernel, held to 128 registers at four blocks, spills; the two-tile one holds both
 // tiles in 208: H200, int8 8-16% faster at every shape from L=2048). An int8 or int4 cache takes
 // it too where its plan for two blocks is one wave of more blocks than SMs, of 256 to 2048 keys
-// each (int4: B=8, L=2048 15-19% faster, B=32, L=512 13%, B=32, L=2048 5-10%; int8 at B=32,
+// each (int4: B=8, L=2048 14-18% faster, B=32, L=512 13%, B=32, L=2048 5-10%; int8 at B=32,
 // L=512 11%); more blocks, or longer ones, run faster as four blocks of one-tile warps (int4:
 // B=64, L=2048 13% and B=32, L=8192 2-4% slower with two tiles), and fewer gain nothing (int4
-// B=1, L=2048 0-6% slower). The plan sees only the narrower codec's bits: a cache of int4 K and
-// int8 V (or the reverse) is planned as int4, though its launch keeps the one-tile kernel (which
-// has no two-tile form for mixed widths).
+// B=1, L=2048 0-6% slower). A cache whose K and V differ in width (no two-tile form) keeps the
+// one-tile kernel's plan.
 template <class Lengths>
 [[nodiscard]] constexpr decode_plan choose_splits(const decode_shape& shape, Lengths&& lengths,
                                                   std::int64_t max_len, std::int32_t sm_count) {

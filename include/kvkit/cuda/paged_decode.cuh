@@ -92,7 +92,7 @@ inline constexpr bool decode_codec =
 } // namespace detail
 
 //! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim,
-//! kv_bits and kv_token_scales: decode_shape_for gives them), the codecs are per-token ones (a
+//! kv_bits and kv_scaled_one_width: decode_shape_for gives them), the codecs are per-token ones (a
 //! per-page-channel codec is rejected), the page table's page size is the layout's, the batch fits
 //! the plan (equals it unless the plan is graph-safe), the pointers are set (fp8 scales included,
 //! finite and positive; the cache, queries and outputs 16-byte aligned), options are in range, and
@@ -107,10 +107,10 @@ template <class Layout, query_element T>
   const decode_shape& s = plan.shape;
   if (!s.validate().ok() || !a.layout.validate().ok() ||
       a.layout.num_kv_heads() != s.num_kv_heads || a.layout.head_dim() != s.head_dim ||
-      s.kv_bits != decode_kv_bits<Layout> || s.kv_token_scales != decode_kv_token_scales<Layout> ||
-      !detail::decode_codec<K> || !detail::decode_codec<V> ||
-      a.table.page_size != a.layout.page_size() || a.table.batch_size < 0 ||
-      a.table.batch_size > s.batch_size ||
+      s.kv_bits != decode_kv_bits<Layout> ||
+      s.kv_scaled_one_width != decode_kv_scaled_one_width<Layout> || !detail::decode_codec<K> ||
+      !detail::decode_codec<V> || a.table.page_size != a.layout.page_size() ||
+      a.table.batch_size < 0 || a.table.batch_size > s.batch_size ||
       (!plan.graph_safe && a.table.batch_size != s.batch_size)) {
     return errc::bad_argument;
   }
@@ -515,9 +515,10 @@ struct stage_layout {
   // 24 KB a warp, or 16 KB when K or V is int4: a third block fits where registers allow, and its
   // warps gain more than deeper stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52).
   // The two-tile kernel (KT = 2) runs two blocks per SM (one where the grid has at most one a
-  // SM) with 24 KB a warp: four or more stages of an 8-bit cache at head dim 128, so that two
-  // tiles or more stay in flight while a step computes two (H200: 32 or 48 KB a warp 1-5%
-  // slower). Two blocks of its 84-96 KB fit; its registers (198-208) are under the cap of two.
+  // SM) with 24 KB a warp: at head dim 128, five or six stages of an 8-bit cache and eight of an
+  // int4 one, so that two tiles or more stay in flight while a step computes two (H200, fp8 and
+  // int8: 32 or 48 KB a warp 1-5% slower). Two blocks of its 80-96 KB fit, and its registers
+  // (fp8 198, int8 208, int4 184 at head dim 128) are under the cap of two.
   static constexpr int blocks_per_sm =
       KT == 2
           ? 2
@@ -543,7 +544,7 @@ constexpr int decode_smem_bytes() {
 
 // Whether the two-tile kernel serves these codecs and shapes: fp8, int8 and int4 caches (K and V
 // of one width; H200, B=1, L=2048: fp8 7-13% faster, int8 13-17%; int4 at one wave of two blocks
-// per SM, 5-19%; bf16 was 2-10% slower with its 255 registers), at head dims up to 128 with groups
+// per SM, 5-18%; bf16 was 2-10% slower with its 255 registers), at head dims up to 128 with groups
 // up to 8 heads, where the registers hold both tiles' operands without spilling, and with a ring
 // that holds two steps of two tiles (its 24 KB a warp keeps the block's shared memory under 100
 // KB).
@@ -1563,8 +1564,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 
 // A launch runs the kernel that takes two tiles a step, where one exists (decode_two_tiles_fit)
 // and the warps have two tiles or more each, on any grid the plan made for it
-// (decode_plan::two_tiles: int8 on long sequences, whose one-tile kernel spills; int4 at one wave
-// of two blocks per SM) and, for an 8-bit cache, on a grid of at most one block per
+// (decode_plan::two_tiles: int8 from 2048 keys, whose one-tile kernel spills; int8 and int4 at
+// one wave of two blocks per SM) and, for an 8-bit cache, on a grid of at most one block per
 // multiprocessor (a small batch: a B=1 warp waits on its own chain of dependent instructions,
 // and two tiles a step overlap two chains and share one softmax round; int4 gains nothing
 // there). Every other launch runs the one-tile kernel.
