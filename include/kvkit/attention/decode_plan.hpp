@@ -259,19 +259,14 @@ template <class Lengths>
 [[nodiscard]] constexpr decode_plan choose_splits(const decode_shape& shape, Lengths&& lengths,
                                                   std::int64_t max_len, std::int32_t sm_count) {
   const std::int64_t sms = std::max(sm_count, 1);
-  bool two_tiles =
-      two_tiles_cache(shape) && shape.kv_bits == 8 && max_len >= decode_plan::two_tiles_min_keys;
+  bool two_tiles = false;
   std::int64_t chunk = 0;
-  if (two_tiles) {
+  if (two_tiles_cache(shape)) {
     chunk = chunk_for(shape, lengths, max_len, sms, 2);
-  } else if (two_tiles_cache(shape)) {
-    const std::int64_t two = chunk_for(shape, lengths, max_len, sms, 2);
-    const std::int64_t blocks = split_count(lengths, two) * shape.num_kv_heads;
-    if (two >= 4 * decode_plan::tile_tokens && two <= 32 * decode_plan::tile_tokens &&
-        blocks > sms && blocks <= 2 * sms) {
-      two_tiles = true;
-      chunk = two;
-    }
+    const std::int64_t blocks = split_count(lengths, chunk) * shape.num_kv_heads;
+    two_tiles = (shape.kv_bits == 8 && max_len >= decode_plan::two_tiles_min_keys) ||
+                (chunk >= 4 * decode_plan::tile_tokens && chunk <= 32 * decode_plan::tile_tokens &&
+                 blocks > sms && blocks <= 2 * sms);
   }
   if (!two_tiles) {
     chunk = chunk_for(shape, lengths, max_len, sms,
