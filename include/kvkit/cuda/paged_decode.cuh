@@ -14,6 +14,7 @@
 //! a channel permutation, and V's channel permutation is undone when the output is written.
 
 #include <cooperative_groups.h>
+#include <cuda/ptx>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -536,10 +537,28 @@ template <class K, class V, int D, int NT, int KT = 1>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT, KT>;
   constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
-  // The warps' states, then the block's log2-sum-exps for a cluster merge (its partial outputs
-  // reuse warp 0's states).
-  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4 + NT * 8 * 4;
+  // The warps' states for the block's merge.
+  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4;
   return pipeline > merge ? pipeline : merge;
+}
+
+// A launch whose splits merge in a thread block cluster gives each block a mailbox after the
+// rest of its shared memory: an mbarrier, then the partial outputs that the cluster's blocks push
+// to it (float4 each: every output of the group goes to one block, its owner) and their
+// log2-sum-exps. Sized for the largest group of the kernel and the most splits a cluster holds:
+// a block owns at most ceil(outputs / splits) of them from each split.
+template <class K, class V, int D, int NT, int KT = 1>
+constexpr int decode_mailbox_offset() {
+  return (decode_smem_bytes<K, V, D, NT, KT>() + 127) / 128 * 128;
+}
+template <int D, int NT>
+constexpr int decode_mailbox_bytes() {
+  constexpr int outputs = NT * 8 * (D / 4);
+  return 16 + ((outputs + decode_plan::max_cluster_splits - 1) * 20 + 15) / 16 * 16;
+}
+template <class K, class V, int D, int NT, int KT = 1>
+constexpr int decode_cluster_smem_bytes() {
+  return decode_mailbox_offset<K, V, D, NT, KT>() + decode_mailbox_bytes<D, NT>();
 }
 
 // Whether the two-tile kernel serves these codecs and shapes: fp8, int8 and int4 caches (K and V
@@ -654,9 +673,29 @@ __global__ void __launch_bounds__(
     chunk = need_tiles > chunk ? need_tiles : chunk;
   }
   const std::int32_t nsplit = (n + chunk - 1) / chunk;
-  // A block past the sequence's splits has nothing to do, except in a cluster that merges
-  // several: every block of it takes part in the cluster's barriers (its partial is empty).
-  if (split >= nsplit && !(p.cluster && nsplit > 1)) {
+  // Where the splits merge in a cluster, each block's mailbox (decode_cluster_smem_bytes) is
+  // set up now, and the cluster barrier that tells the other blocks so is arrived at: it is
+  // waited on only before the first push, long after every block has arrived.
+  const bool cluster_merge = p.cluster && nsplit > 1;
+  std::uint64_t* const mailbox = reinterpret_cast<std::uint64_t*>(
+      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT>());
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster_merge) {
+    if (threadIdx.x == 0) {
+      ::cuda::ptx::mbarrier_init(mailbox, 1U);
+      ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+    }
+    ::cuda::ptx::barrier_cluster_arrive(::cuda::ptx::sem_release);
+  }
+#endif
+  // A block past the sequence's splits has nothing to do (in a cluster merge, it owns no outputs
+  // and only waits out the barrier it arrived at).
+  if (split >= nsplit) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cluster_merge) {
+      ::cuda::ptx::barrier_cluster_wait();
+    }
+#endif
     return;
   }
   const std::int32_t c0 = lo + split * chunk;
@@ -1160,13 +1199,21 @@ __global__ void __launch_bounds__(
   constexpr float ln2 = 0.6931471805599453F;
   // Each thread merges four consecutive channels of a head at a time, with that head's weights
   // of the warps' states exp2(m - max) / sum computed by the thread itself: no pass that computes
-  // them first and no barrier after it. For a cluster merge, the block's partial outputs [rows][D]
-  // go over warp 0's states (each element read, then written, by the same thread) and its
-  // log2-sum-exps [rows] after the states (the running maxima are still being read).
-  float* const cl_o = red_o;
-  float* const cl_lse = red_o + decode_warps * rows * D;
+  // them first and no barrier after it. In a cluster merge, each output then goes straight to
+  // the mailbox of the block that owns it (st.async, completing on that block's mbarrier): no
+  // block waits for another except an owner for what it is sent, and none stays to be read.
   constexpr int quads = D / 4;
-  for (int e = static_cast<int>(threadIdx.x); e < p.group * quads; e += decode_warps * 32) {
+  const int outputs = p.group * quads;
+  const int per_owner = (outputs + nsplit - 1) / nsplit; // outputs a block owns (the last fewer)
+  float* const box_o = reinterpret_cast<float*>(mailbox + 2); // [split][per_owner] float4
+  float* const box_lse = box_o + 4 * nsplit * per_owner;      // [split][per_owner]
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  if (cluster_merge) {
+    ::cuda::ptx::barrier_cluster_wait(); // every block's mailbox is set up
+  }
+#endif
+  for (int e = static_cast<int>(threadIdx.x); e < outputs; e += decode_warps * 32) {
     const int row = e / quads;
     const int quad = e - row * quads;
     float mx = -INFINITY;
@@ -1198,11 +1245,17 @@ __global__ void __launch_bounds__(
       if (quad == 0 && p.lse != nullptr) {
         p.lse[row0 + row] = lse2 * ln2;
       }
-    } else if (p.cluster) {
-      *reinterpret_cast<float4*>(cl_o + row * D + quad * 4) = val;
-      if (quad == 0) {
-        cl_lse[row] = lse2;
-      }
+    } else if (cluster_merge) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      const cg::cluster_group cluster = cg::this_cluster();
+      const int owner = e / per_owner;
+      const int at = split * per_owner + (e - owner * per_owner);
+      const auto rank = static_cast<unsigned>(owner);
+      std::uint64_t* const bar = cluster.map_shared_rank(mailbox, rank);
+      const float v4[4] = {val.x, val.y, val.z, val.w};
+      ::cuda::ptx::st_async(cluster.map_shared_rank(box_o + 4 * at, rank), v4, bar);
+      ::cuda::ptx::st_async(cluster.map_shared_rank(box_lse + at, rank), lse2, bar);
+#endif
     } else {
       const std::int64_t prow = (row0 + row) * p.max_splits + split;
       *reinterpret_cast<float4*>(p.part_o + prow * D + quad * 4) = val;
@@ -1214,22 +1267,26 @@ __global__ void __launch_bounds__(
   if (nsplit == 1) {
     return;
   }
-  if (p.cluster) {
+  if (cluster_merge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Split path in a cluster: the blocks read each other's partials from shared memory, each
-    // merging a share of the outputs; no workspace, no arrival counter, no second pass.
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync(); // every block's partial is in its shared memory
-    constexpr int threads = decode_warps * 32;
-    const int outputs = p.group * quads;
-    const int stride = static_cast<int>(gridDim.x) * threads;
-    for (int e = split * threads + static_cast<int>(threadIdx.x); e < outputs; e += stride) {
+    // Split path in a cluster: this block merges the outputs it owns once every split's share
+    // has arrived in its mailbox (the mbarrier counts the bytes), reading only its own shared
+    // memory; no workspace, no arrival counter, no second pass.
+    const int first = split * per_owner;
+    const int mine =
+        outputs - first < per_owner ? (outputs - first > 0 ? outputs - first : 0) : per_owner;
+    if (threadIdx.x == 0) {
+      (void)::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                                   ::cuda::ptx::space_shared, mailbox,
+                                                   static_cast<std::uint32_t>(nsplit * mine * 20));
+    }
+    while (!::cuda::ptx::mbarrier_try_wait_parity(::cuda::ptx::sem_acquire,
+                                                  ::cuda::ptx::scope_cluster, mailbox, 0U)) {
+    }
+    for (int k = static_cast<int>(threadIdx.x); k < mine; k += decode_warps * 32) {
+      const int e = first + k;
       const int row = e / quads;
       const int quad = e - row * quads;
-      // Every split's log-sum-exp and outputs are read before any is used, so the reads of
-      // the other blocks' memory take one round trip, not one for the weights and one more for
-      // the outputs they weigh.
       float ls[decode_plan::max_cluster_splits];
       float4 v[decode_plan::max_cluster_splits];
 #pragma unroll
@@ -1237,9 +1294,8 @@ __global__ void __launch_bounds__(
         ls[sp] = -INFINITY;
         v[sp] = make_float4(0.0F, 0.0F, 0.0F, 0.0F);
         if (sp < nsplit) {
-          ls[sp] = *cluster.map_shared_rank(cl_lse + row, static_cast<unsigned>(sp));
-          v[sp] = *reinterpret_cast<const float4*>(
-              cluster.map_shared_rank(cl_o + row * D + quad * 4, static_cast<unsigned>(sp)));
+          ls[sp] = box_lse[sp * per_owner + k];
+          v[sp] = *reinterpret_cast<const float4*>(box_o + 4 * (sp * per_owner + k));
         }
       }
       float mx = -INFINITY;
@@ -1265,7 +1321,6 @@ __global__ void __launch_bounds__(
         p.lse[row0 + row] = log2_sum_exp(mx, sum) * ln2;
       }
     }
-    cluster.sync(); // no block leaves while another may still read its shared memory
 #endif
     return;
   }
@@ -1457,6 +1512,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     p.part_o = p.part_lse + (rows + 3) / 4 * 4;
   }
   constexpr int smem = decode_smem_bytes<K, V, D, NT, KT>();
+  constexpr int cluster_smem = decode_cluster_smem_bytes<K, V, D, NT, KT>();
   const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT>;
   // The shared-memory limit is raised once per device (a host call per launch would cost more
   // than a small decode takes on the GPU).
@@ -1465,11 +1521,20 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // Devices where this kernel merges splits in thread block clusters, noted with the same
   // once-per-device query.
   static std::atomic<std::uint64_t> clusters{0};
+  // Devices where the limit covers the mailboxes of a cluster merge as well (on one with less
+  // shared memory a block, the splits merge through the workspace).
+  static std::atomic<std::uint64_t> mailboxes{0};
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
-    if (const cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess) {
-      return e;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cluster_smem) ==
+        cudaSuccess) {
+      mailboxes.fetch_or(bit, std::memory_order_acq_rel);
+    } else {
+      (void)cudaGetLastError(); // not an error of this launch: no cluster merge
+      if (const cudaError_t e =
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+          e != cudaSuccess) {
+        return e;
+      }
     }
     // The cluster merge needs a device that launches clusters and a kernel built for
     // compute capability 9 or later (code built for an older one, even run on a newer device
@@ -1527,13 +1592,15 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // through the workspace, where the last block to arrive merges them. How many clusters of each
   // size fit is asked once per device.
   if (plan.max_splits > 1 && plan.max_splits <= decode_plan::max_cluster_splits &&
-      (clusters.load(std::memory_order_acquire) & bit) != 0) {
+      (clusters.load(std::memory_order_acquire) & mailboxes.load(std::memory_order_acquire) &
+       bit) != 0) {
     static std::atomic<std::int32_t> fit[64][decode_plan::max_cluster_splits + 1] = {};
     std::atomic<std::int32_t>& known = fit[device][plan.max_splits];
     std::int32_t max_clusters = known.load(std::memory_order_acquire) - 1;
     if (max_clusters < 0) {
       config.attrs = attrs;
       config.numAttrs = 1;
+      config.dynamicSmemBytes = cluster_smem;
       int n = 0;
       if (const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &config);
           e != cudaSuccess) {
@@ -1548,6 +1615,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   }
   config.attrs = p.cluster ? attrs : attrs + 1;
   config.numAttrs = p.cluster ? 2 : 1;
+  config.dynamicSmemBytes = p.cluster ? cluster_smem : smem;
   if (plan.max_splits > 1 && !p.cluster && !a.workspace_zeroed) {
     // The arrival counters start at zero: where they lie depends on the plan, so a workspace
     // that served another plan holds anything there (unless the caller keeps it zeroed).
