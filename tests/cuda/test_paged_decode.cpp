@@ -312,6 +312,25 @@ TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][d
   }
 }
 
+TEST_CASE("paged_decode: a cluster merge where some blocks own no outputs or have no keys",
+          "[cuda][decode]") {
+  // In a cluster merge each block owns ceil(outputs / splits) of the group's float4 outputs
+  // (16 at head dim 64, group 1), so a sequence of 5 or 7 splits leaves its last block owning
+  // none, and the blocks past a shorter sequence's splits have no keys. With 4096 SMs the plan
+  // cuts 128-key chunks: 8, 7, 5, 2 and 1 splits in clusters of 8 (20 clusters: they fit).
+  const std::uint64_t seed = kvkit_test::test_seed(0xB0C5);
+  const std::vector<std::int32_t> lens{1024, 7 * 128 - 3, 5 * 128 - 7, 129, 1};
+  const paged_layout<kvkit::bf16_codec> layout(16, 4, 64);
+  const auto plan = kvkit::plan_decode(kvkit::decode_shape_for(layout, 5, 4, 0), lens, 4096);
+  REQUIRE(plan.ok());
+  REQUIRE(plan->chunk_tokens == 128);
+  REQUIRE(plan->max_splits == 8);
+  for (const std::int32_t group : {1, 2}) {
+    check_decode<64, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(layout, group, lens,
+                                                                     seed + group, {}, 4096);
+  }
+}
+
 TEST_CASE("paged_decode: a few splits merge through the workspace when their clusters do not fit",
           "[cuda][decode]") {
   // 64 sequences x 4 KV heads, each cut into at most 8 splits: 256 clusters, more than an H200
