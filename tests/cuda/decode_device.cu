@@ -34,6 +34,51 @@ static_assert(
     !kd::decode_two_tiles_fit<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 256, 1>());
 static_assert(!kd::decode_two_tiles_fit<kvkit::int8_codec, kvkit::int4_group_codec<64>, 128, 1>());
 
+// The plan (plain C++, decode_plan.hpp) chooses the two-tile kernel only for caches the kernel
+// has a two-tile form of (the launcher falls back to the one-tile kernel otherwise, whose splits
+// the plan did not size): its rule, kvkit::detail::two_tiles_cache, and the kernel's,
+// decode_two_tiles_fit, are stated apart, so every layout the library ships is checked here at
+// every head dim and a group of each kernel width.
+template <class Layout, int D, int Group>
+constexpr bool plan_two_tiles_has_kernel() {
+  const kvkit::decode_shape shape{
+      1, Group, 1, D, 0, kvkit::decode_kv_bits<Layout>, kvkit::decode_kv_scaled_one_width<Layout>};
+  return !kvkit::detail::two_tiles_cache(shape) ||
+             kd::decode_two_tiles_fit < typename Layout::k_codec,
+         typename Layout::v_codec, D, Group <= 8 ? 1 : 2 > ();
+}
+template <class Layout>
+constexpr bool plan_two_tiles_has_kernel_all() {
+  return plan_two_tiles_has_kernel<Layout, 64, 1>() && plan_two_tiles_has_kernel<Layout, 64, 8>() &&
+         plan_two_tiles_has_kernel<Layout, 64, 16>() &&
+         plan_two_tiles_has_kernel<Layout, 128, 4>() &&
+         plan_two_tiles_has_kernel<Layout, 128, 8>() &&
+         plan_two_tiles_has_kernel<Layout, 128, 16>() &&
+         plan_two_tiles_has_kernel<Layout, 256, 4>() &&
+         plan_two_tiles_has_kernel<Layout, 256, 16>();
+}
+template <class... Layouts>
+constexpr bool plan_two_tiles_has_kernel_each() {
+  return (plan_two_tiles_has_kernel_all<Layouts>() && ...);
+}
+using kvkit::paged_layout;
+static_assert(plan_two_tiles_has_kernel_each<
+              paged_layout<kvkit::bf16_codec>, paged_layout<kvkit::fp16_codec>,
+              paged_layout<kvkit::fp8_e4m3_codec>, paged_layout<kvkit::fp8_e5m2_codec>,
+              paged_layout<kvkit::int8_codec>, paged_layout<kvkit::int4_group_codec<32>>,
+              paged_layout<kvkit::int4_group_codec<64>>, paged_layout<kvkit::int4_group_codec<128>>,
+              paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<64>>,
+              paged_layout<kvkit::int8_codec, kvkit::bf16_codec>,
+              paged_layout<kvkit::int8_codec, kvkit::fp8_e4m3_codec>,
+              paged_layout<kvkit::fp8_e4m3_codec, kvkit::int8_codec>,
+              paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<128>>>());
+// And the plan does choose it where the kernel has it (int8 and int4 at head dim 128, group 8).
+static_assert(kvkit::detail::two_tiles_cache(
+    {1, 8, 1, 128, 0, 8, kvkit::decode_kv_scaled_one_width<paged_layout<kvkit::int8_codec>>}));
+static_assert(kvkit::detail::two_tiles_cache(
+    {1, 8, 1, 128, 0, 4,
+     kvkit::decode_kv_scaled_one_width<paged_layout<kvkit::int4_group_codec<32>>>}));
+
 // Device buffers freed on every path out.
 struct buffers {
   std::vector<void*> ptrs;
