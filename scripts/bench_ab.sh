@@ -3,10 +3,11 @@
 #   scripts/bench_ab.sh OUT_DIR ROUNDS FILTER NAME=BINARY [NAME=BINARY ...]
 # Each round runs every binary once, in the order given, with --benchmark_filter=FILTER and writes
 # OUT_DIR/NAME.ROUND.json; the comparison (the first binary is the baseline) is printed and saved
-# as OUT_DIR/ab.txt. Alternating in one session puts the machine's drift on every build alike.
+# as OUT_DIR/ab.txt, after a line per binary with the start of its SHA-256. Alternating in one
+# session puts the machine's drift on every build alike.
 set -euo pipefail
 if (($# < 5)); then
-  sed -n '2,6p' "$0" >&2
+  sed -n '2,7p' "$0" >&2
   exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,4 +32,8 @@ for build in "$@"; do
   done
   args+=("$name=$files")
 done
-python3 "$here/bench_ab.py" "${args[@]}" | tee "$out/ab.txt"
+# Which binary each name ran (a comparison is only as good as knowing what it compared).
+for build in "$@"; do
+  echo "# ${build%%=*}: $(sha256sum "${build#*=}" | cut -c1-16) ${build#*=}"
+done >"$out/ab.txt"
+python3 "$here/bench_ab.py" "${args[@]}" | tee -a "$out/ab.txt"
