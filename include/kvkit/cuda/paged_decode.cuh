@@ -551,10 +551,13 @@ template <class K, class V, int D, int NT, int KT = 1>
 constexpr int decode_mailbox_offset() {
   return (decode_smem_bytes<K, V, D, NT, KT>() + 127) / 128 * 128;
 }
+// Bytes one split sends an owner per output: the float4 and its log2-sum-exp.
+inline constexpr int decode_mailbox_entry_bytes = 4 * 4 + 4;
 template <int D, int NT>
 constexpr int decode_mailbox_bytes() {
   constexpr int outputs = NT * 8 * (D / 4);
-  return 16 + ((outputs + decode_plan::max_cluster_splits - 1) * 20 + 15) / 16 * 16;
+  return 16 + ((outputs + decode_plan::max_cluster_splits - 1) * decode_mailbox_entry_bytes + 15) /
+                  16 * 16;
 }
 template <class K, class V, int D, int NT, int KT = 1>
 constexpr int decode_cluster_smem_bytes() {
@@ -1276,9 +1279,9 @@ __global__ void __launch_bounds__(
     const int mine =
         outputs - first < per_owner ? (outputs - first > 0 ? outputs - first : 0) : per_owner;
     if (threadIdx.x == 0) {
-      (void)::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                                   ::cuda::ptx::space_shared, mailbox,
-                                                   static_cast<std::uint32_t>(nsplit * mine * 20));
+      (void)::cuda::ptx::mbarrier_arrive_expect_tx(
+          ::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared, mailbox,
+          static_cast<std::uint32_t>(nsplit * mine * decode_mailbox_entry_bytes));
     }
     while (!::cuda::ptx::mbarrier_try_wait_parity(::cuda::ptx::sem_acquire,
                                                   ::cuda::ptx::scope_cluster, mailbox, 0U)) {
