@@ -14,6 +14,7 @@
 //! a channel permutation, and V's channel permutation is undone when the output is written.
 
 #include <cooperative_groups.h>
+#include <cuda/atomic>
 #include <cuda/ptx>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -1328,26 +1329,29 @@ __global__ void __launch_bounds__(
     return;
   }
 
-  // Split path: the last block of this (sequence, KV head) to finish merges every split.
-  __threadfence();
+  // Split path: the last block of this (sequence, KV head) to finish merges every split. One
+  // thread counts the block's arrival with an acquire-release atomic at device scope, after a
+  // barrier that orders every thread's partials before it: it releases them to the block that
+  // merges, and in that block acquires the other splits' partials for every thread after the
+  // barrier that follows (the pattern of a grid-wide barrier).
   __syncthreads();
   // The arrival flag reuses the first word of the merge area, whose last read came before the
   // barrier above.
   int& last_block = *reinterpret_cast<int*>(smem_raw);
   if (threadIdx.x == 0) {
-    std::uint32_t* const counter =
-        p.counters + static_cast<std::int64_t>(b) * layout.num_kv_heads() + h;
-    const std::uint32_t before = atomicAdd(counter, 1U);
+    ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> counter(
+        p.counters[static_cast<std::int64_t>(b) * layout.num_kv_heads() + h]);
+    const std::uint32_t before = counter.fetch_add(1U, ::cuda::memory_order_acq_rel);
     last_block = before == static_cast<std::uint32_t>(nsplit - 1) ? 1 : 0;
     if (last_block != 0) {
-      *counter = 0U; // every split has counted: the word is left as a zeroed workspace had it
+      // Every split has counted: the word is left as a zeroed workspace had it.
+      counter.store(0U, ::cuda::memory_order_relaxed);
     }
   }
   __syncthreads();
   if (last_block == 0) {
     return;
   }
-  __threadfence();
   // Every output of the group is a log-sum-exp merge of the splits' partials (each normalized:
   // its state is (lse, 1, output)). Each thread copies the partials of its own outputs into its
   // own slots of shared memory, as many splits at a time as the shared memory holds, every copy
@@ -1383,11 +1387,29 @@ __global__ void __launch_bounds__(
     cp_async_commit();
   };
   stage_splits(0, nsplit < batch_splits ? nsplit : batch_splits);
-  for (int row = warp; row < p.group; row += decode_warps) {
+  // The log-sum-exps of the warp's heads (head warp + r * decode_warps): the first 32 splits' of
+  // every head loaded at once (a warp that loaded each head's after the previous head's weights
+  // waited for a round trip to L2 per head), the rest, where there are more splits, a head at a
+  // time.
+  constexpr int warp_rows = (16 + decode_warps - 1) / decode_warps;
+  float lse_first[warp_rows];
+#pragma unroll
+  for (int r = 0; r < warp_rows; ++r) {
+    const int row = warp + r * decode_warps;
+    lse_first[r] = row < p.group && lane < nsplit
+                       ? __ldcg(p.part_lse + (row0 + row) * p.max_splits + lane)
+                       : -INFINITY;
+  }
+#pragma unroll
+  for (int r = 0; r < warp_rows; ++r) {
+    const int row = warp + r * decode_warps;
+    if (row >= p.group) {
+      break;
+    }
     const float* const lse_row = p.part_lse + (row0 + row) * p.max_splits;
     float* const w_row = weights + row * nsplit;
-    float mx = -INFINITY;
-    for (int sp = lane; sp < nsplit; sp += 32) {
+    float mx = lse_first[r];
+    for (int sp = lane + 32; sp < nsplit; sp += 32) {
       const float v = __ldcg(lse_row + sp);
       w_row[sp] = v;
       mx = fmaxf(mx, v);
@@ -1397,7 +1419,12 @@ __global__ void __launch_bounds__(
       mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFU, mx, d));
     }
     float sum = 0.0F;
-    for (int sp = lane; sp < nsplit; sp += 32) {
+    if (lane < nsplit) {
+      const float w = mx == -INFINITY ? 0.0F : fast_exp2(lse_first[r] - mx);
+      w_row[lane] = w;
+      sum = w;
+    }
+    for (int sp = lane + 32; sp < nsplit; sp += 32) {
       const float w = mx == -INFINITY ? 0.0F : fast_exp2(w_row[sp] - mx);
       w_row[sp] = w;
       sum += w;
