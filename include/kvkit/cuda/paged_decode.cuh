@@ -21,6 +21,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -1177,7 +1178,27 @@ __global__ void __launch_bounds__(
   float* const red = reinterpret_cast<float*>(smem_raw);
   float* const red_m = red;                         // [warp][rows]
   float* const red_l = red_m + decode_warps * rows; // [warp][rows]
-  float* const red_o = red_l + decode_warps * rows; // [warp][rows][D]
+  float* const red_o = red_l + decode_warps * rows; // [warp][rows][D], swizzled (red_at)
+  // Where channel `ch` of output row `row` lies in a warp's [rows][D] block: 16-byte chunks
+  // XOR-swizzled by the row, so that a warp's 16-byte stores of its rows (four consecutive
+  // channels a lane, the lanes of a row 32 to 64 bytes apart) spread over all banks, while the
+  // merge still reads four consecutive channels as one 16-byte load. Stored a channel at a time,
+  // unswizzled, the outputs took 8-way (bf16) to 16-way (8- and 4-bit V) bank conflicts.
+  const auto red_at = [](int row, int ch) {
+    return row * D + (ch ^ (((row >> 1) & 7) << 2));
+  };
+  static_assert(D % 32 == 0 && vf::v_item_channels % 4 == 0,
+                "the swizzle stays in a row, and a thread's V channels come in fours");
+  // v_slot[rel]: 2 * j + half of the m-tile j and half whose V channel is relative channel rel.
+  constexpr auto v_slot = [] {
+    std::array<int, 2 * ksteps> at{};
+    for (int j = 0; j < ksteps; ++j) {
+      for (int half = 0; half < 2; ++half) {
+        at[vf::v_channel(j, half)] = 2 * j + half;
+      }
+    }
+    return at;
+  }();
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -1187,13 +1208,17 @@ __global__ void __launch_bounds__(
         red_m[warp * rows + row] = m[nt][c];
         red_l[warp * rows + row] = l[nt][c];
       }
+      // The thread's relative V channels four at a time (vf::v_abs keeps each four together).
 #pragma unroll
-      for (int j = 0; j < ksteps; ++j) {
+      for (int q = 0; q < ksteps / 2; ++q) {
+        float v[4];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int ch = vf::v_abs(g, vf::v_channel(j, half));
-          red_o[(warp * rows + row) * D + ch] = o[nt][j][c + 2 * half];
+        for (int e = 0; e < 4; ++e) {
+          const int at = v_slot[4 * q + e];
+          v[e] = o[nt][at / 2][c + 2 * (at % 2)];
         }
+        *reinterpret_cast<float4*>(red_o + warp * rows * D + red_at(row, vf::v_abs(g, 4 * q))) =
+            make_float4(v[0], v[1], v[2], v[3]);
       }
     }
   }
@@ -1236,7 +1261,8 @@ __global__ void __launch_bounds__(
     float4 val = make_float4(0.0F, 0.0F, 0.0F, 0.0F);
 #pragma unroll
     for (int w = 0; w < decode_warps; ++w) {
-      const float4 x = *reinterpret_cast<const float4*>(red_o + (w * rows + row) * D + quad * 4);
+      const float4 x =
+          *reinterpret_cast<const float4*>(red_o + w * rows * D + red_at(row, quad * 4));
       const float f = wt[w] * inv;
       val.x += f * x.x;
       val.y += f * x.y;
