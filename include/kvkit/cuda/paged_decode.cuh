@@ -1182,8 +1182,9 @@ __global__ void __launch_bounds__(
   // Where channel `ch` of output row `row` lies in a warp's [rows][D] block: 16-byte chunks
   // XOR-swizzled by the row, so that a warp's 16-byte stores of its rows (four consecutive
   // channels a lane, the lanes of a row 32 to 64 bytes apart) spread over all banks, while the
-  // merge still reads four consecutive channels as one 16-byte load. Stored a channel at a time,
-  // unswizzled, the outputs took 8-way (bf16) to 16-way (8- and 4-bit V) bank conflicts.
+  // merge still reads four consecutive channels as one 16-byte load. Unswizzled, a store's lanes
+  // fell on 4 (bf16) or 2 (8-bit V) of the 8 bank groups; and int4's channels, not in the
+  // order of its fragments, were stored a float at a time, 16-way conflicted.
   const auto red_at = [](int row, int ch) {
     return row * D + (ch ^ (((row >> 1) & 7) << 2));
   };
