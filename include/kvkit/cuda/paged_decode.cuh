@@ -1239,6 +1239,7 @@ __global__ void __launch_bounds__(
   float* const box_lse = box_o + 4 * nsplit * per_owner;      // [split][per_owner]
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
   if (cluster_merge) {
     ::cuda::ptx::barrier_cluster_wait(); // every block's mailbox is set up
   }
@@ -1278,7 +1279,6 @@ __global__ void __launch_bounds__(
       }
     } else if (cluster_merge) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      const cg::cluster_group cluster = cg::this_cluster();
       const int owner = e / per_owner;
       const int at = split * per_owner + (e - owner * per_owner);
       const auto rank = static_cast<unsigned>(owner);
@@ -1304,8 +1304,7 @@ __global__ void __launch_bounds__(
     // has arrived in its mailbox (the mbarrier counts the bytes), reading only its own shared
     // memory; no workspace, no arrival counter, no second pass.
     const int first = split * per_owner;
-    const int mine =
-        outputs - first < per_owner ? (outputs - first > 0 ? outputs - first : 0) : per_owner;
+    const int mine = max(0, min(per_owner, outputs - first)); // the last owners own fewer or none
     if (threadIdx.x == 0) {
       (void)::cuda::ptx::mbarrier_arrive_expect_tx(
           ::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared, mailbox,
