@@ -43,9 +43,9 @@ template <class Layout, int D, int Group>
 constexpr bool plan_two_tiles_has_kernel() {
   const kvkit::decode_shape shape{
       1, Group, 1, D, 0, kvkit::decode_kv_bits<Layout>, kvkit::decode_kv_scaled_one_width<Layout>};
+  constexpr int nt = Group <= 8 ? 1 : 2; // the kernel's head tiles of 8
   return !kvkit::detail::two_tiles_cache(shape) ||
-             kd::decode_two_tiles_fit < typename Layout::k_codec,
-         typename Layout::v_codec, D, Group <= 8 ? 1 : 2 > ();
+         kd::decode_two_tiles_fit<typename Layout::k_codec, typename Layout::v_codec, D, nt>();
 }
 template <class Layout>
 constexpr bool plan_two_tiles_has_kernel_all() {
