@@ -226,6 +226,12 @@ __device__ inline float fast_exp2(float x) {
   return y;
 }
 
+// The weight of a partial whose log2-sum-exp is `lse` in a merge whose largest one is `mx`; 0 when
+// every partial is empty (mx is -inf), where exp2(-inf - -inf) would be NaN.
+__device__ inline float merge_weight(float lse, float mx) {
+  return mx == -INFINITY ? 0.0F : fast_exp2(lse - mx);
+}
+
 // log2 of the sum of exp2 terms whose largest exponent is `mx` and whose sum scaled by exp2(-mx)
 // is `sum`; -inf for an empty sum.
 __device__ inline float log2_sum_exp(float mx, float sum) {
@@ -1256,7 +1262,7 @@ __global__ void __launch_bounds__(
     float sum = 0.0F;
 #pragma unroll
     for (int w = 0; w < decode_warps; ++w) {
-      wt[w] = mx == -INFINITY ? 0.0F : fast_exp2(red_m[w * rows + row] - mx);
+      wt[w] = merge_weight(red_m[w * rows + row], mx);
       sum += wt[w] * red_l[w * rows + row];
     }
     const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
@@ -1446,12 +1452,12 @@ __global__ void __launch_bounds__(
     }
     float sum = 0.0F;
     if (lane < nsplit) {
-      const float w = mx == -INFINITY ? 0.0F : fast_exp2(lse_first[r] - mx);
+      const float w = merge_weight(lse_first[r], mx);
       w_row[lane] = w;
       sum = w;
     }
     for (int sp = lane + 32; sp < nsplit; sp += 32) {
-      const float w = mx == -INFINITY ? 0.0F : fast_exp2(w_row[sp] - mx);
+      const float w = merge_weight(w_row[sp], mx);
       w_row[sp] = w;
       sum += w;
     }
