@@ -2,6 +2,7 @@
 // Shared helpers of the GPU benchmarks: a device check and event timing of a peer operation.
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -41,10 +42,13 @@ double median_seconds(F&& fn, int reps = 15, cudaStream_t stream = nullptr) {
 // The benchmark loop of GPU launches: each iteration times `calls` back-to-back calls of `launch`
 // (which returns the launch's cudaError_t) between two CUDA events and reports the time per call
 // as manual time; stops with an error on failure. Returns the per-call seconds of each iteration.
-// The events go to `stream`, the stream `launch` queues its work on.
+// The events go to `stream`, the stream `launch` queues its work on. With `host_per_call`, also
+// the host's seconds per call to queue the loop (the calls, not the wait for them): where they
+// come near the event time, the loop measures how fast the host launches, not the kernel.
 template <class Launch>
 std::vector<double> time_launches(benchmark::State& state, Launch&& launch, int calls = 1,
-                                  cudaStream_t stream = nullptr) {
+                                  cudaStream_t stream = nullptr,
+                                  std::vector<double>* host_per_call = nullptr) {
   std::vector<double> per_call;
   cudaEvent_t a, e;
   cudaEventCreate(&a);
@@ -52,8 +56,13 @@ std::vector<double> time_launches(benchmark::State& state, Launch&& launch, int 
   for (auto _ : state) {
     cudaEventRecord(a, stream);
     cudaError_t err = cudaSuccess;
+    const auto queued_from = std::chrono::steady_clock::now();
     for (int c = 0; c < calls && err == cudaSuccess; ++c) {
       err = launch();
+    }
+    if (host_per_call != nullptr) {
+      const std::chrono::duration<double> queued = std::chrono::steady_clock::now() - queued_from;
+      host_per_call->push_back(queued.count() / calls);
     }
     cudaEventRecord(e, stream);
     cudaEventSynchronize(e);
