@@ -10,6 +10,9 @@
 // at allocation (decode_args::workspace_zeroed, so split shapes need no memset before each); the
 // page table is written before the loop (decode_args::page_table_ready).
 //
+// A last row launches an empty kernel the same way (paged_decode_launch/empty_kernel): the host
+// time of the launch alone, for the stream rows' host_us (the host's time to queue a call).
+//
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
 // memcpy of 1 GB from the same run, PyTorch SDPA on contiguous KV of the same shape when
 // KVKIT_SDPA_CSV names the file bench/cuda/sdpa_peer.py wrote in the same run, the target of the
@@ -385,6 +388,47 @@ void register_graph_rows() {
   }
 }
 
+__global__ void empty_kernel() {}
+
+// The launch peer: an empty kernel launched the way the decode of B=1, L=2048 is (8 x 8 blocks of
+// 128 threads in clusters of 8, a programmatic dependent of the launch before it), in the same
+// stream loop. Its host_us is what the driver alone costs the host a call; a decode row's host_us
+// above it is the launcher's own work.
+void BM_launch_peer(benchmark::State& state) {
+  if (!kvkit_bench::gpu_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 8;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(8, 8, 1);
+  config.blockDim = dim3(128);
+  config.attrs = attrs;
+  config.numAttrs = 2;
+  const auto launch = [&] {
+    return cudaLaunchKernelEx(&config, empty_kernel);
+  };
+  if (const cudaError_t e = launch(); e != cudaSuccess) {
+    state.SkipWithError(cudaGetErrorString(e));
+    return;
+  }
+  std::vector<double> host;
+  std::vector<double> per_call = kvkit_bench::time_launches(state, launch, 400, nullptr, &host);
+  if (per_call.empty() || host.empty()) {
+    return;
+  }
+  std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
+  std::nth_element(host.begin(), host.begin() + host.size() / 2, host.end());
+  state.counters["us"] = per_call[per_call.size() / 2] * 1e6;
+  state.counters["host_us"] = host[host.size() / 2] * 1e6;
+}
+
 const bool registered = [] {
   using kvkit::paged_layout;
   register_codec<paged_layout<kvkit::bf16_codec>>("bf16", {16, 1, 8, 32, 64}, true);
@@ -394,6 +438,7 @@ const bool registered = [] {
   register_codec<paged_layout<kvkit::int8_codec>>("int8", {16}, false);
   register_codec<paged_layout<kvkit::int4_group_codec<32>>>("int4_g32", {16, 1, 64}, true);
   register_graph_rows();
+  register_row("paged_decode_launch/empty_kernel", BM_launch_peer);
   return true;
 }();
 
