@@ -67,9 +67,12 @@ def main():
         v = stream.get(("bf16", 1, 2048, g, 16))
         if v:
             gv = graph.get(("bf16", 1, 2048, g, 16))
-            small.append((g, v["us"], gv["us"] if gv else None))
-    text = "; ".join(f"g{g} {u:.2f} us" + (f" (graph {gu:.2f})" if gu else "") for g, u, gu in small)
-    met = sum(u <= 6.0 for _, u, _ in small)
+            small.append((g, v["us"], gv["us"] if gv else None, v.get("host_us")))
+    # host_us (runs from 2026-12-02 on): the host's time to queue a call; near "us", the loop
+    # measured the host's launch rate rather than the kernel.
+    text = "; ".join(f"g{g} {u:.2f} us" + (f" (graph {gu:.2f})" if gu else "") +
+                     (f" (host {hu:.2f} a call)" if hu else "") for g, u, gu, hu in small)
+    met = sum(u <= 6.0 for _, u, _, _ in small)
     out.append(("B=1, L=2048 <= 6 us a call (bf16)", text or "-",
                 "yes" if small and met == len(small) else ("partly" if met else "no")))
 
