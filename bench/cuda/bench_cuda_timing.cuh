@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -15,6 +16,12 @@ inline bool gpu_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+// The middle element of `v` (the upper middle for an even count); `v` must not be empty.
+inline double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 // Median seconds of `fn` (work queued on `stream`) over `reps` runs timed with CUDA events,
 // after one warm-up run.
 template <class F>
@@ -23,7 +30,7 @@ double median_seconds(F&& fn, int reps = 15, cudaStream_t stream = nullptr) {
   cudaEventCreate(&a);
   cudaEventCreate(&b);
   fn();
-  std::vector<float> t;
+  std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     cudaEventRecord(a, stream);
     fn();
@@ -35,8 +42,7 @@ double median_seconds(F&& fn, int reps = 15, cudaStream_t stream = nullptr) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
-  return t[static_cast<std::size_t>(reps / 2)] * 1e-3;
+  return median(std::move(t)) * 1e-3;
 }
 
 // The benchmark loop of GPU launches: each iteration times `calls` back-to-back calls of `launch`
