@@ -286,6 +286,17 @@ __device__ inline void lds(const void* smem, std::uint32_t* w) {
   }
 }
 
+// ldmatrix.x4.trans: four 8x8 blocks of 16-bit elements, each from eight 16-byte rows (lane l
+// gives row l % 8 of block l / 8), transposed: word n of lane l holds elements (2 (l % 4), l / 4)
+// and (2 (l % 4) + 1, l / 4) of block n, by (row, column).
+__device__ inline void ldsm_x4_trans(const void* smem, std::uint32_t (&w)[4]) {
+  const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "r"(s)
+               : "memory");
+}
+
 __device__ inline std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
   return __byte_perm(a, b, sel);
 }
@@ -369,7 +380,9 @@ __device__ inline void int4_params(std::uint32_t s2, std::uint32_t z2, std::uint
 //    key read 64 consecutive bytes per copy instruction.
 // V: a thread holds D/8 consecutive channels of four keys; m-tile j's rows g and g+8 are the
 //    relative channels v_channel(j, 0) and v_channel(j, 1); the thread's n-th item is item
-//    8n + g of the key (v_abs).
+//    8n + g of the key (v_abs). Where K and V are both 16-bit, V is instead read with
+//    `ldmatrix.trans` (stage_layout::ldsm_v), which transposes 8-key by 8-channel blocks into
+//    operand layout: m-tile j's rows g and g+8 are channels 16j + g and 16j + 8 + g.
 template <class C, int D>
 struct frag {
   static constexpr int bits = C::bits;
@@ -503,7 +516,22 @@ struct stage_layout {
   static constexpr int k_chunks = k_row / 16;
   static constexpr int v_chunks = v_row / 16;
   static_assert(k_chunks >= 2 && v_chunks >= 2, "rows of at least 32 bytes");
-  __device__ static int swizzle(int key) { return ((key & 1) << 2) ^ (((key >> 1) & 3) << 1); }
+  // 16-bit K and V: V operands come straight from `ldmatrix.trans` (eight keys of one chunk a
+  // matrix), with no byte permutes to pair two keys' channels (H200 sm_90a, bf16 at head dim 128:
+  // 32 PRMT and 8 LDS.128 a tile become 8 LDSM). Its eight rows of a matrix need eight different
+  // 16-byte bank groups, so the eight keys of a group of eight get eight different swizzles; the
+  // two keys a K read pairs still differ in the chunk's bit 2, as below.
+  static constexpr bool ldsm_v = kf::bits == 16 && vf::bits == 16;
+  // Otherwise the swizzle serves the fragment reads: a K read puts keys g (two of them) and
+  // chunks 4n + i (four) in one phase of eight lanes, a V read keys 2i + x (four) and chunks
+  // 8n + g (two).
+  __device__ static int swizzle(int key) {
+    if constexpr (ldsm_v) {
+      return ((key & 1) << 2) | ((key >> 1) & 3);
+    } else {
+      return ((key & 1) << 2) ^ (((key >> 1) & 3) << 1);
+    }
+  }
   // Byte offset in a row region of byte `offset` of key `key`'s row.
   template <int Chunks, int Row>
   __device__ static int at(int key, int offset) {
@@ -686,7 +714,7 @@ __global__ void __launch_bounds__(
   const std::int32_t nsplit = (n + chunk - 1) / chunk;
   // Where the splits merge in a cluster, each block's mailbox (decode_cluster_smem_bytes) is
   // set up now, and the cluster barrier that tells the other blocks so is arrived at: it is
-  // waited on only before the first push, long after every block has arrived.
+  // waited on once the prologue's copies are in flight, after every block has arrived.
   const bool cluster_merge = p.cluster && nsplit > 1;
   std::uint64_t* const mailbox = reinterpret_cast<std::uint64_t*>(
       reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT>());
@@ -912,6 +940,14 @@ __global__ void __launch_bounds__(
   for (int k = 0; k < KT; ++k) {
     place(first_ids[stages - KT + k], first_slots[stages - KT + k], next[k]);
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // In a cluster merge, every block's mailbox is set up (each block arrived once its extent was
+  // known): waited for here, while the first tiles are in flight, and not after the loop, where
+  // the wait cost its latency again.
+  if (cluster_merge) {
+    ::cuda::ptx::barrier_cluster_wait();
+  }
+#endif
 
   // The queries as K-side operands: head tile nt, row g, slots of this thread's channels (the
   // words as read where they pair the slots' channels in the MMA's type already).
@@ -958,6 +994,7 @@ __global__ void __launch_bounds__(
     __syncwarp(); // the step's rows were copied by every lane of the warp
     std::uint32_t kw[KT][2][kf::k_words];
     std::uint32_t vw[KT][4][vf::v_words];
+    std::uint32_t va[KT][sl::ldsm_v ? ksteps : 1][4]; // ldsm_v: m-tile j's A operand
     std::uint32_t kp[KT][2][kf::k_param_words > 0 ? kf::k_param_words : 1];
     std::uint32_t vp[KT][4];
 #pragma unroll
@@ -980,14 +1017,31 @@ __global__ void __launch_bounds__(
       }
 #pragma unroll
       for (int tv = 0; tv < 4; ++tv) {
-#pragma unroll
-        for (int it = 0; it < sl::v_items; ++it) {
-          lds<sl::v_item>(st + sl::v_off +
-                              sl::template at<sl::v_chunks, sl::v_row>(
-                                  2 * i + (tv & 1) + 8 * (tv >> 1), (8 * it + g) * sl::v_item),
-                          &vw[kt][tv][it * sl::v_item / 4]);
-        }
         vp[kt][tv] = 0;
+      }
+      if constexpr (sl::ldsm_v) {
+        // Blocks of m-tile j: keys 0-7 of chunk 2j, keys 0-7 of chunk 2j + 1, then keys 8-15 of
+        // each (the A operand's a0..a3: rows g and g + 8, keys 2i and 2i + 8).
+        const int block = lane / 8;
+        const int key = lane % 8 + 8 * (block >> 1);
+#pragma unroll
+        for (int j = 0; j < ksteps; ++j) {
+          ldsm_x4_trans(
+              st + sl::v_off +
+                  sl::template at<sl::v_chunks, sl::v_row>(key, (2 * j + (block & 1)) * 16),
+              va[kt][j]);
+        }
+      } else {
+#pragma unroll
+        for (int tv = 0; tv < 4; ++tv) {
+#pragma unroll
+          for (int it = 0; it < sl::v_items; ++it) {
+            lds<sl::v_item>(st + sl::v_off +
+                                sl::template at<sl::v_chunks, sl::v_row>(
+                                    2 * i + (tv & 1) + 8 * (tv >> 1), (8 * it + g) * sl::v_item),
+                            &vw[kt][tv][it * sl::v_item / 4]);
+          }
+        }
       }
       // int8: the scales of keys g and g+8 (the P rows); int4: the groups of this thread's
       // channels in the four keys of its V operands.
@@ -1156,8 +1210,15 @@ __global__ void __launch_bounds__(
 #pragma unroll
             for (int kt = 0; kt < KT; ++kt) {
               std::uint32_t a0, a1, a2, a3;
-              vf::template v_operand<J>(vw[kt][0], vw[kt][1], vp[kt][0], vp[kt][1], a0, a1);
-              vf::template v_operand<J>(vw[kt][2], vw[kt][3], vp[kt][2], vp[kt][3], a2, a3);
+              if constexpr (sl::ldsm_v) {
+                a0 = va[kt][J][0];
+                a1 = va[kt][J][1];
+                a2 = va[kt][J][2];
+                a3 = va[kt][J][3];
+              } else {
+                vf::template v_operand<J>(vw[kt][0], vw[kt][1], vp[kt][0], vp[kt][1], a0, a1);
+                vf::template v_operand<J>(vw[kt][2], vw[kt][3], vp[kt][2], vp[kt][3], a2, a3);
+              }
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) {
                 mma16816<vmma>(o[nt][J], a0, a1, a2, a3, pb[kt][nt][0], pb[kt][nt][1]);
@@ -1222,17 +1283,25 @@ __global__ void __launch_bounds__(
         red_m[warp * rows + row] = m[nt][c];
         red_l[warp * rows + row] = l[nt][c];
       }
-      // The thread's relative V channels four at a time (vf::v_abs keeps each four together).
+      if constexpr (sl::ldsm_v) {
+        // Channel 8 (2j + half) + g of m-tile j's row half, one at a time.
 #pragma unroll
-      for (int q = 0; q < ksteps / 2; ++q) {
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int at = v_slot[4 * q + e];
-          v[e] = o[nt][at / 2][c + 2 * (at % 2)];
+        for (int mm = 0; mm < 2 * ksteps; ++mm) {
+          red_o[warp * rows * D + red_at(row, 8 * mm + g)] = o[nt][mm / 2][c + 2 * (mm % 2)];
         }
-        *reinterpret_cast<float4*>(red_o + warp * rows * D + red_at(row, vf::v_abs(g, 4 * q))) =
-            make_float4(v[0], v[1], v[2], v[3]);
+      } else {
+        // The thread's relative V channels four at a time (vf::v_abs keeps each four together).
+#pragma unroll
+        for (int q = 0; q < ksteps / 2; ++q) {
+          float v[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int at = v_slot[4 * q + e];
+            v[e] = o[nt][at / 2][c + 2 * (at % 2)];
+          }
+          *reinterpret_cast<float4*>(red_o + warp * rows * D + red_at(row, vf::v_abs(g, 4 * q))) =
+              make_float4(v[0], v[1], v[2], v[3]);
+        }
       }
     }
   }
@@ -1253,9 +1322,6 @@ __global__ void __launch_bounds__(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
-  if (cluster_merge) {
-    ::cuda::ptx::barrier_cluster_wait(); // every block's mailbox is set up
-  }
 #endif
   for (int e = static_cast<int>(threadIdx.x); e < outputs; e += decode_warps * 32) {
     const int row = e / quads;
