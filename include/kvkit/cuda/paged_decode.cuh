@@ -644,6 +644,23 @@ __global__ void __launch_bounds__(
   if (b >= p.table.batch_size) {
     return;
   }
+  // A launch whose splits may merge in a cluster gives each block a mailbox
+  // (decode_cluster_smem_bytes): its mbarrier is set up first thing, and the cluster barrier that
+  // tells the other blocks so is arrived at (relaxed: the fence orders the setup before thread
+  // 0's arrival, and nothing else needs ordering; a release arrival waited for the block's
+  // earlier memory operations, on the chain to the first tiles). Blocks whose splits do merge in
+  // the cluster wait on it once the prologue's copies are in flight; the others never read it.
+  std::uint64_t* const mailbox = reinterpret_cast<std::uint64_t*>(
+      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT>());
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) {
+    if (threadIdx.x == 0) {
+      ::cuda::ptx::mbarrier_init(mailbox, 1U);
+      ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+    }
+    ::cuda::ptx::barrier_cluster_arrive(::cuda::ptx::sem_relaxed);
+  }
+#endif
   // Launched as a programmatic dependent of the kernel before it on the stream
   // (decode_args::dependent_launch), this grid is placed while that kernel's grid retires: no
   // block reads memory that kernel may write before it has finished and its writes are visible
@@ -712,21 +729,8 @@ __global__ void __launch_bounds__(
     chunk = need_tiles > chunk ? need_tiles : chunk;
   }
   const std::int32_t nsplit = (n + chunk - 1) / chunk;
-  // Where the splits merge in a cluster, each block's mailbox (decode_cluster_smem_bytes) is
-  // set up now, and the cluster barrier that tells the other blocks so is arrived at: it is
-  // waited on once the prologue's copies are in flight, after every block has arrived.
+  // Whether the splits merge in the cluster (every block of it arrived at its barrier above).
   const bool cluster_merge = p.cluster && nsplit > 1;
-  std::uint64_t* const mailbox = reinterpret_cast<std::uint64_t*>(
-      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT>());
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster_merge) {
-    if (threadIdx.x == 0) {
-      ::cuda::ptx::mbarrier_init(mailbox, 1U);
-      ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
-    }
-    ::cuda::ptx::barrier_cluster_arrive(::cuda::ptx::sem_release);
-  }
-#endif
   // A block past the sequence's splits has nothing to do (in a cluster merge, it owns no outputs
   // and only waits out the barrier it arrived at).
   if (split >= nsplit) {
@@ -935,15 +939,26 @@ __global__ void __launch_bounds__(
     }
     cp_async_commit();
   }
+  // The next tiles' page ids and slots. Their rows are placed (and, in debug mode, the ids
+  // checked) only when their copies are issued, a step after the ids are read: placed at once,
+  // each step waited there for its id's round trip to memory (H200, bf16 B=1: the loop's most
+  // sampled stall). int4 caches that prefetch rows into L2 (`warm`) place them at once.
+  constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4);
   key_loc next[KT];
+  std::int32_t next_id[KT];
+  std::int32_t next_slot[KT];
 #pragma unroll
   for (int k = 0; k < KT; ++k) {
-    place(first_ids[stages - KT + k], first_slots[stages - KT + k], next[k]);
+    next_id[k] = first_ids[stages - KT + k];
+    next_slot[k] = first_slots[stages - KT + k];
+    if constexpr (!place_late) {
+      place(next_id[k], next_slot[k], next[k]);
+    }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // In a cluster merge, every block's mailbox is set up (each block arrived once its extent was
-  // known): waited for here, while the first tiles are in flight, and not after the loop, where
-  // the wait cost its latency again.
+  // In a cluster merge, every block's mailbox is set up (each block arrived as it started):
+  // waited for here, while the first tiles are in flight, and not after the loop, where the wait
+  // cost its latency again.
   if (cluster_merge) {
     ::cuda::ptx::barrier_cluster_wait();
   }
@@ -1057,14 +1072,21 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
       if (t + stages - KT + kt < loop_tiles) {
+        if constexpr (place_late) {
+          place(next_id[kt], next_slot[kt], next[kt]);
+        }
         issue(ring(write_stage, kt), next[kt]);
       }
       cp_async_commit();
     }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      locate(t + stages + kt, next[kt]);
-      warm(next[kt]);
+      if constexpr (place_late) {
+        next_id[kt] = page_of(t + stages + kt, next_slot[kt]);
+      } else {
+        locate(t + stages + kt, next[kt]);
+        warm(next[kt]);
+      }
     }
     if constexpr (KT == 1) {
       read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
