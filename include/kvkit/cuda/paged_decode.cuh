@@ -788,11 +788,6 @@ __global__ void __launch_bounds__(
       }
     }
   };
-  const auto locate = [&](std::int32_t t, key_loc& loc) {
-    std::int32_t slot = 0;
-    const std::int32_t page = page_of(t, slot);
-    place(page, slot, loc);
-  };
 
   const std::int64_t kv_gap = layout.v_data_offset() - layout.k_data_offset();
   // int4 caches with pages of at least 16 tokens: once the tile after the ones in flight is
@@ -1081,10 +1076,9 @@ __global__ void __launch_bounds__(
     }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      if constexpr (place_late) {
-        next_id[kt] = page_of(t + stages + kt, next_slot[kt]);
-      } else {
-        locate(t + stages + kt, next[kt]);
+      next_id[kt] = page_of(t + stages + kt, next_slot[kt]);
+      if constexpr (!place_late) {
+        place(next_id[kt], next_slot[kt], next[kt]);
         warm(next[kt]);
       }
     }
