@@ -299,6 +299,32 @@ TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
   }
 }
 
+TEST_CASE("paged_decode: int4 on a grid of at most one block per SM runs blocks of eight warps",
+          "[cuda][decode]") {
+  // One sequence over 8 KV heads, cut for 132 SMs into 8 splits of 256 keys or more: 64 blocks,
+  // at most one per SM of the device, two tiles or more for each of the wide kernel's 8 warps
+  // (kvkit::cuda::detail::decode_wide_warps): whole splits, a length whose last
+  // tile is partial too, and 7 splits of which the last is short.
+  const std::uint64_t seed = kvkit_test::test_seed(0x1A7E);
+  using int4_hnd =
+      paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, kv_order::hnd>;
+  for (const std::int32_t len : {2048, 2047, 1700}) {
+    const int4_hnd layout(16, 8, 128);
+    const auto plan = kvkit::plan_decode(kvkit::decode_shape_for(layout, 1, 32, 0),
+                                         std::vector<std::int32_t>{len}, 132);
+    REQUIRE(plan.ok());
+    INFO("length " << len << " chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
+    REQUIRE(plan->chunk_tokens >= 2 * 8 * 16);
+    REQUIRE(plan->max_splits * 8 <= 132);
+    for (const std::int32_t group : {4, 8, 16}) {
+      check_decode<128, int4_hnd, __nv_bfloat16>(layout, group, {len},
+                                                 seed + static_cast<std::uint64_t>(len + group));
+    }
+    check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+        paged_layout<kvkit::int4_group_codec<32>>(16, 8, 64), 4, {len}, seed + 7);
+  }
+}
+
 TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][decode]") {
   const std::uint64_t seed = kvkit_test::test_seed(0x0B7);
   const std::vector<std::int32_t> lens{1, 40, 513, 2500};

@@ -569,12 +569,12 @@ struct stage_layout {
 
 inline constexpr int decode_warps = 4;
 
-template <class K, class V, int D, int NT, int KT = 1>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT, KT>;
-  constexpr int pipeline = decode_warps * sl::stages * sl::bytes;
+  constexpr int pipeline = W * sl::stages * sl::bytes;
   // The warps' states for the block's merge.
-  constexpr int merge = decode_warps * NT * 8 * (D + 2) * 4;
+  constexpr int merge = W * NT * 8 * (D + 2) * 4;
   return pipeline > merge ? pipeline : merge;
 }
 
@@ -583,9 +583,9 @@ constexpr int decode_smem_bytes() {
 // to it (float4 each: every output of the group goes to one block, its owner) and their
 // log2-sum-exps. Sized for the largest group of the kernel and the most splits a cluster holds:
 // a block owns at most ceil(outputs / splits) of them from each split.
-template <class K, class V, int D, int NT, int KT = 1>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
 constexpr int decode_mailbox_offset() {
-  return (decode_smem_bytes<K, V, D, NT, KT>() + 127) / 128 * 128;
+  return (decode_smem_bytes<K, V, D, NT, KT, W>() + 127) / 128 * 128;
 }
 // Bytes one split sends an owner per output: the float4 and its log2-sum-exp.
 inline constexpr int decode_mailbox_entry_bytes = 4 * 4 + 4;
@@ -595,9 +595,9 @@ constexpr int decode_mailbox_bytes() {
   return 16 + ((outputs + decode_plan::max_cluster_splits - 1) * decode_mailbox_entry_bytes + 15) /
                   16 * 16;
 }
-template <class K, class V, int D, int NT, int KT = 1>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
 constexpr int decode_cluster_smem_bytes() {
-  return decode_mailbox_offset<K, V, D, NT, KT>() + decode_mailbox_bytes<D, NT>();
+  return decode_mailbox_offset<K, V, D, NT, KT, W>() + decode_mailbox_bytes<D, NT>();
 }
 
 // Whether the two-tile kernel serves these codecs and shapes: fp8, int8 and int4 caches (K and V
@@ -612,11 +612,12 @@ constexpr bool decode_two_tiles_fit() {
          stage_layout<K, V, D, NT, 2>::stages >= 4;
 }
 
-template <class Layout, class T, int D, int NT, int KT>
-__global__ void __launch_bounds__(
-    decode_warps * 32,
-    (stage_layout<typename Layout::k_codec, typename Layout::v_codec, D, NT, KT>::blocks_per_sm))
-    paged_decode_kernel(const decode_params<Layout, T> p) {
+template <class Layout, class T, int D, int NT, int KT, int W>
+__global__ void
+__launch_bounds__(W * 32, (W == decode_warps
+                               ? stage_layout<typename Layout::k_codec, typename Layout::v_codec, D,
+                                              NT, KT>::blocks_per_sm
+                               : 1)) paged_decode_kernel(const decode_params<Layout, T> p) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   using kf = frag<K, D>;
@@ -651,7 +652,7 @@ __global__ void __launch_bounds__(
   // earlier memory operations, on the chain to the first tiles). Blocks whose splits do merge in
   // the cluster wait on it once the prologue's copies are in flight; the others never read it.
   std::uint64_t* const mailbox = reinterpret_cast<std::uint64_t*>(
-      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT>());
+      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT, W>());
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {
     if (threadIdx.x == 0) {
@@ -744,8 +745,7 @@ __global__ void __launch_bounds__(
   const std::int32_t c0 = lo + split * chunk;
   const std::int32_t c1 = c0 + chunk < len ? c0 + chunk : len;
   const std::int32_t ntiles = (c1 - c0 + 15) / 16;
-  const std::int32_t my_tiles =
-      ntiles > warp ? (ntiles - warp + decode_warps - 1) / decode_warps : 0;
+  const std::int32_t my_tiles = ntiles > warp ? (ntiles - warp + W - 1) / W : 0;
 
   char* const warp_smem =
       reinterpret_cast<char*>(smem_raw) + static_cast<std::size_t>(warp) * stages * sl::bytes;
@@ -760,7 +760,7 @@ __global__ void __launch_bounds__(
   // The page id and slot of this lane's key of tile t (slot -1 and page -1 outside the range): a
   // read without a branch around it, so that the reads of several tiles can be in flight together.
   const auto page_of = [&](std::int32_t t, std::int32_t& slot) -> std::int32_t {
-    const std::int32_t tok = c0 + (warp + decode_warps * t) * 16 + (lane & 15);
+    const std::int32_t tok = c0 + (warp + W * t) * 16 + (lane & 15);
     const bool inside = t < my_tiles && tok < c1;
     std::uint32_t pi = 0;
     std::uint32_t off = 0;
@@ -1143,7 +1143,7 @@ __global__ void __launch_bounds__(
     float key_scale[KT][2];
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      const std::int32_t tile_start = c0 + (warp + decode_warps * (t + kt)) * 16;
+      const std::int32_t tile_start = c0 + (warp + W * (t + kt)) * 16;
 #pragma unroll
       for (int tk = 0; tk < 2; ++tk) {
         key_scale[kt][tk] = logit_scale;
@@ -1266,9 +1266,9 @@ __global__ void __launch_bounds__(
   __syncthreads(); // every warp is done with its pipeline buffers
   constexpr int rows = NT * 8;
   float* const red = reinterpret_cast<float*>(smem_raw);
-  float* const red_m = red;                         // [warp][rows]
-  float* const red_l = red_m + decode_warps * rows; // [warp][rows]
-  float* const red_o = red_l + decode_warps * rows; // [warp][rows][D], swizzled (red_at)
+  float* const red_m = red;              // [warp][rows]
+  float* const red_l = red_m + W * rows; // [warp][rows]
+  float* const red_o = red_l + W * rows; // [warp][rows][D], swizzled (red_at)
   // Where channel `ch` of output row `row` lies in a warp's [rows][D] block: 16-byte chunks
   // XOR-swizzled by the row, so that a warp's 16-byte stores of its rows (four consecutive
   // channels a lane, the lanes of a row 32 to 64 bytes apart) spread over all banks, while the
@@ -1339,25 +1339,25 @@ __global__ void __launch_bounds__(
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
 #endif
-  for (int e = static_cast<int>(threadIdx.x); e < outputs; e += decode_warps * 32) {
+  for (int e = static_cast<int>(threadIdx.x); e < outputs; e += W * 32) {
     const int row = e / quads;
     const int quad = e - row * quads;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < decode_warps; ++w) {
+    for (int w = 0; w < W; ++w) {
       mx = fmaxf(mx, red_m[w * rows + row]);
     }
-    float wt[decode_warps];
+    float wt[W];
     float sum = 0.0F;
 #pragma unroll
-    for (int w = 0; w < decode_warps; ++w) {
+    for (int w = 0; w < W; ++w) {
       wt[w] = merge_weight(red_m[w * rows + row], mx);
       sum += wt[w] * red_l[w * rows + row];
     }
     const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
     float4 val = make_float4(0.0F, 0.0F, 0.0F, 0.0F);
 #pragma unroll
-    for (int w = 0; w < decode_warps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float4 x =
           *reinterpret_cast<const float4*>(red_o + w * rows * D + red_at(row, quad * 4));
       const float f = wt[w] * inv;
@@ -1408,7 +1408,7 @@ __global__ void __launch_bounds__(
     while (!::cuda::ptx::mbarrier_try_wait_parity(::cuda::ptx::sem_acquire,
                                                   ::cuda::ptx::scope_cluster, mailbox, 0U)) {
     }
-    for (int k = static_cast<int>(threadIdx.x); k < mine; k += decode_warps * 32) {
+    for (int k = static_cast<int>(threadIdx.x); k < mine; k += W * 32) {
       const int e = first + k;
       const int row = e / quads;
       const int quad = e - row * quads;
@@ -1480,8 +1480,8 @@ __global__ void __launch_bounds__(
   // splits there are. Meanwhile one warp per head turns the splits' log-sum-exps into weights
   // exp2(lse - max) there; then each thread sums the weighted partials of its outputs. The first
   // 128 bytes hold the arrival flag, which other threads may still be reading.
-  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT, KT>();
-  constexpr int threads = decode_warps * 32;
+  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT, KT, W>();
+  constexpr int threads = W * 32;
   constexpr int max_outputs = (16 * quads + threads - 1) / threads;
   static_assert(128 + (16 * decode_plan::max_splits_limit + 16) * 4 + 16 * D * 4 <= smem_bytes,
                 "the split merge needs room for every weight and one split's partials");
@@ -1508,22 +1508,22 @@ __global__ void __launch_bounds__(
     cp_async_commit();
   };
   stage_splits(0, nsplit < batch_splits ? nsplit : batch_splits);
-  // The log-sum-exps of the warp's heads (head warp + r * decode_warps): the first 32 splits' of
+  // The log-sum-exps of the warp's heads (head warp + r * W): the first 32 splits' of
   // every head loaded at once (a warp that loaded each head's after the previous head's weights
   // waited for a round trip to L2 per head), the rest, where there are more splits, a head at a
   // time.
-  constexpr int warp_rows = (16 + decode_warps - 1) / decode_warps;
+  constexpr int warp_rows = (16 + W - 1) / W;
   float lse_first[warp_rows];
 #pragma unroll
   for (int r = 0; r < warp_rows; ++r) {
-    const int row = warp + r * decode_warps;
+    const int row = warp + r * W;
     lse_first[r] = row < p.group && lane < nsplit
                        ? __ldcg(p.part_lse + (row0 + row) * p.max_splits + lane)
                        : -INFINITY;
   }
 #pragma unroll
   for (int r = 0; r < warp_rows; ++r) {
-    const int row = warp + r * decode_warps;
+    const int row = warp + r * W;
     if (row >= p.group) {
       break;
     }
@@ -1623,9 +1623,36 @@ inline cudaError_t decode_device(int& device, std::int32_t& sms) {
   return cudaSuccess;
 }
 
-// One launch of the kernel taking KT tiles a step; `small_grid`: the grid has at most one block
-// per multiprocessor of `device`.
-template <class Layout, class T, int D, int NT, int KT>
+// The shared memory a block of the current device may opt in to (asked once per device; 0 past
+// the first 64 devices or where the query fails, which rules out the wide blocks).
+inline std::int32_t decode_smem_optin(int device) {
+  static std::atomic<std::int32_t> known[64] = {};
+  if (device < 0 || device >= 64) {
+    return 0;
+  }
+  std::int32_t bytes = known[device].load(std::memory_order_acquire);
+  if (bytes == 0) {
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+        cudaSuccess) {
+      (void)cudaGetLastError(); // not an error of this launch: no wide blocks
+      return 0;
+    }
+    known[device].store(bytes, std::memory_order_release);
+  }
+  return bytes;
+}
+
+// Warps in a block of the wide kernel. An int4 cache on a grid of at most one block per
+// multiprocessor, whose splits give each of these warps two tiles or more, runs blocks of this
+// many warps: each scheduler has two warps to switch between and each warp half the tiles (int4's
+// loop is bound by its instructions, and a B=1 warp waits on its own chain of dependent ones).
+// H200, B=1, L=2048: int4 g32 12-14% faster; bf16 6-11% slower, fp8 and int8 (two tiles a step
+// there) unchanged; L=512 (one tile a warp) int4 7-10% slower.
+inline constexpr int decode_wide_warps = 8;
+
+// One launch of the kernel taking KT tiles a step with blocks of W warps; `small_grid`: the grid
+// has at most one block per multiprocessor of `device`.
+template <class Layout, class T, int D, int NT, int KT, int W = decode_warps>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream, int device, bool small_grid) {
   using K = typename Layout::k_codec;
@@ -1662,9 +1689,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                              static_cast<std::size_t>(plan.max_splits);
     p.part_o = p.part_lse + (rows + 3) / 4 * 4;
   }
-  constexpr int smem = decode_smem_bytes<K, V, D, NT, KT>();
-  constexpr int cluster_smem = decode_cluster_smem_bytes<K, V, D, NT, KT>();
-  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT>;
+  constexpr int smem = decode_smem_bytes<K, V, D, NT, KT, W>();
+  constexpr int cluster_smem = decode_cluster_smem_bytes<K, V, D, NT, KT, W>();
+  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W>;
   // The shared-memory limit is raised once per device (a host call per launch would cost more
   // than a small decode takes on the GPU).
   static std::atomic<std::uint64_t> raised{0};
@@ -1713,7 +1740,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
-  config.blockDim = dim3(decode_warps * 32);
+  config.blockDim = dim3(W * 32);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   // The cluster shape (used where the splits merge in clusters), then the dependent launch.
@@ -1804,6 +1831,17 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     if (((small_grid && eight_bit) || plan.two_tiles) &&
         plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
       return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, small_grid);
+    }
+  }
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  constexpr int wide_smem = decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>();
+  // 227 KB: the most any device of compute capability 9 lets a block opt in to.
+  if constexpr (frag<K, D>::bits == 4 && frag<V, D>::bits == 4 && wide_smem <= 227 * 1024) {
+    if (small_grid && plan.chunk_tokens >= 2 * decode_wide_warps * 16 &&
+        wide_smem <= decode_smem_optin(device)) {
+      return launch_decode<Layout, T, D, NT, 1, decode_wide_warps>(a, plan, workspace, stream,
+                                                                   device, small_grid);
     }
   }
   return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, small_grid);
