@@ -8,7 +8,9 @@
 // engine that runs its decode step from a graph would see the kernel. Launches use the defaults
 // an engine would (each a programmatic dependent of the one before) and a workspace zeroed once
 // at allocation (decode_args::workspace_zeroed, so split shapes need no memset before each); the
-// page table is written before the loop (decode_args::page_table_ready).
+// page table is written before the loop (decode_args::page_table_ready) and no launch of the loop
+// writes the cache (decode_args::cache_ready_but_last_page: an engine's decode step follows the
+// kernel that appends each sequence's token to its last page, which that promise allows).
 //
 // A last row launches an empty kernel the same way (paged_decode_launch/empty_kernel): the host
 // time of the launch alone, for the stream rows' host_us (the host's time to queue a call).
@@ -239,8 +241,10 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     a.out = d_out + q_elems * static_cast<std::size_t>(r);
     a.static_scales = ctx->scales;
     a.workspace_zeroed = true;
-    // The page table is written once, before the loop: no launch of the loop writes it.
+    // The page table is written once, before the loop, and the cache too: no launch of the loop
+    // writes either.
     a.page_table_ready = true;
+    a.cache_ready_but_last_page = true;
   }
   int next = 0;
   const auto launch = [&] {

@@ -99,9 +99,12 @@ struct buffers {
   }
 };
 
-// Copies n 16-bit values late: the kernel signals its programmatic dependents at once, waits
-// about 20 us, then copies with one block.
-__global__ void copy_late(const std::uint16_t* src, std::uint16_t* dst, std::size_t n) {
+// Copies n 16-bit values late, and pages [pages[i]] of a cache from a staged copy of it: the
+// kernel signals its programmatic dependents at once, waits about 20 us, then copies with one
+// block.
+__global__ void copy_late(const std::uint16_t* src, std::uint16_t* dst, std::size_t n,
+                          const uint4* cache_src, uint4* cache_dst, const std::int32_t* pages,
+                          std::int32_t num_pages, std::int64_t page_words) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
@@ -110,6 +113,12 @@ __global__ void copy_late(const std::uint16_t* src, std::uint16_t* dst, std::siz
   }
   for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) {
     dst[i] = src[i];
+  }
+  for (std::int32_t k = 0; k < num_pages; ++k) {
+    const std::int64_t at = pages[k] * page_words;
+    for (std::int64_t i = threadIdx.x; i < page_words; i += blockDim.x) {
+      cache_dst[at + i] = cache_src[at + i];
+    }
   }
 }
 
@@ -126,6 +135,12 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   std::byte* d_cache = nullptr;
   KVKIT_TRY(mem.alloc(d_cache, cache.size()));
   KVKIT_TRY(cudaMemcpy(d_cache, cache.data(), cache.size(), cudaMemcpyHostToDevice));
+  // late_last_pages: the cache as it should be, copied to d_cache's last pages late.
+  std::byte* d_cache_staged = nullptr;
+  if (mode.late_last_pages) {
+    KVKIT_TRY(mem.alloc(d_cache_staged, cache.size()));
+    KVKIT_TRY(cudaMemcpy(d_cache_staged, cache.data(), cache.size(), cudaMemcpyHostToDevice));
+  }
   std::size_t max_indices = 1;
   std::size_t max_batch = 1;
   for (const decode_step& s : steps) {
@@ -141,6 +156,8 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   KVKIT_TRY(mem.alloc(d_indptr, max_batch + 1));
   KVKIT_TRY(mem.alloc(d_indices, max_indices));
   KVKIT_TRY(mem.alloc(d_last, max_batch));
+  std::int32_t* d_last_ids = nullptr; // each sequence's last page (late_last_pages)
+  KVKIT_TRY(mem.alloc(d_last_ids, max_batch));
   KVKIT_TRY(mem.alloc(d_check, 1));
   KVKIT_TRY(mem.alloc(d_q, elems));
   KVKIT_TRY(mem.alloc(d_q_staged, elems));
@@ -207,6 +224,8 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   a.dependent_launch = mode.dependent_launch;
   a.workspace_zeroed = mode.workspace_zeroed;
   a.page_table_ready = mode.page_table_ready;
+  a.cache_ready_but_last_page = mode.late_last_pages;
+  const std::int64_t page_bytes = layout.bytes_per_page();
 
   cudaStream_t stream = nullptr;
   KVKIT_TRY(cudaStreamCreate(&stream));
@@ -223,6 +242,18 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
     KVKIT_TRY(cudaMemcpy(mode.late_queries ? static_cast<void*>(d_q_staged) : d_q, s.q.data(),
                          s.q.size() * 2, cudaMemcpyHostToDevice));
     a.table.batch_size = static_cast<std::int32_t>(batch);
+    std::vector<std::int32_t> last_ids;
+    if (mode.late_last_pages) {
+      for (std::size_t b = 0; b < batch; ++b) {
+        if (s.indptr[b + 1] > s.indptr[b]) {
+          last_ids.push_back(s.indices[static_cast<std::size_t>(s.indptr[b + 1] - 1)]);
+        }
+      }
+      if (!last_ids.empty()) {
+        KVKIT_TRY(
+            cudaMemcpy(d_last_ids, last_ids.data(), last_ids.size() * 4, cudaMemcpyHostToDevice));
+      }
+    }
     for (std::int32_t r = 0; r < std::max(mode.repeats, 1); ++r) {
       KVKIT_TRY(cudaMemsetAsync(d_out, 0xFF, elems * sizeof(T), stream)); // NaN in fp16 and bf16
       KVKIT_TRY(cudaMemsetAsync(d_lse, 0xFF, rows * sizeof(float), stream));
@@ -242,8 +273,14 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
       } else {
         if (mode.late_queries) {
           KVKIT_TRY(cudaMemsetAsync(d_q, 0xFF, s.q.size() * 2, stream)); // NaN until copied
-          copy_late<<<1, 256, 0, stream>>>(d_q_staged, reinterpret_cast<std::uint16_t*>(d_q),
-                                           s.q.size());
+          for (const std::int32_t page : last_ids) {
+            KVKIT_TRY(cudaMemsetAsync(d_cache + page * page_bytes, 0xFF,
+                                      static_cast<std::size_t>(page_bytes), stream));
+          }
+          copy_late<<<1, 256, 0, stream>>>(
+              d_q_staged, reinterpret_cast<std::uint16_t*>(d_q), s.q.size(),
+              reinterpret_cast<const uint4*>(d_cache_staged), reinterpret_cast<uint4*>(d_cache),
+              d_last_ids, static_cast<std::int32_t>(last_ids.size()), page_bytes / 16);
           KVKIT_TRY(cudaGetLastError());
         }
         KVKIT_TRY(kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream));

@@ -37,6 +37,10 @@ struct decode_mode {
   // decode that read them before waiting for that kernel would see NaN.
   bool late_queries = false;
   bool page_table_ready = false; // decode_args::page_table_ready (the table is uploaded first)
+  // With late_queries: each sequence's last page reaches the cache through the same kernel, late
+  // (poisoned until then), and the decode is told decode_args::cache_ready_but_last_page: a
+  // decode that read a last page before its wait would see NaN.
+  bool late_last_pages = false;
 };
 
 struct decode_outcome {

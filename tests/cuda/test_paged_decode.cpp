@@ -441,8 +441,9 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
   // The queries are written by a kernel that lets its dependents start at once and copies about
   // 20 us later; a decode launched as its programmatic dependent must still read the copied
   // queries (one split, splits merged in clusters, and through the workspace), also when it reads
-  // the page table (uploaded before) ahead of its wait, and an ordinary launch gives the same
-  // results.
+  // the page table (uploaded before) ahead of its wait, and when it copies the cache's pages but
+  // each sequence's last ahead of its wait too while the same kernel writes the last pages late;
+  // an ordinary launch gives the same results.
   const std::uint64_t seed = kvkit_test::test_seed(0x9D1);
   const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
   const std::int32_t q_heads = 8;
@@ -450,12 +451,15 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
   const std::vector<kvkit_test::decode_step> steps{
       pr.make_step<__nv_bfloat16>({1, 300, 2100, 5000}, q_heads)};
   for (const std::int32_t sms : {1, 16, 4096}) {
-    for (const int variant : {0, 1, 2}) { // dependent; dependent, table read early; ordinary
+    // Dependent; dependent, table read early; ordinary; dependent, table and cache but the last
+    // pages read early.
+    for (const int variant : {0, 1, 2, 3}) {
       kvkit_test::decode_mode mode;
       mode.sm_count = sms;
       mode.late_queries = true;
-      mode.dependent_launch = variant < 2;
-      mode.page_table_ready = variant == 1;
+      mode.dependent_launch = variant != 2;
+      mode.page_table_ready = variant == 1 || variant == 3;
+      mode.late_last_pages = variant == 3;
       const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
           layout, pr.cache, pr.capacity, {4, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
       INFO("seed " << seed << " sms " << sms << " variant " << variant << " splits "

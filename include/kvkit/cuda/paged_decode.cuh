@@ -83,6 +83,13 @@ struct decode_args {
   //! early and has time to read; a larger grid reads the queries first and the table after the
   //! wait, which measured faster there. False: every read waits.
   bool page_table_ready = false;
+  //! With page_table_ready: the kernel the decode follows on the stream, and any still running
+  //! before it, writes no cache page of the batch's sequences but each sequence's last (as a
+  //! kernel that appends each sequence's new token does), so the decode also issues the copies of
+  //! its first tiles that lie before the sequence's last page ahead of its wait, and they overlap
+  //! that kernel's end. The queries and the last pages are read after the wait. Ignored in debug
+  //! mode (page_check). False: the cache too is read after the wait.
+  bool cache_ready_but_last_page = false;
 };
 
 namespace detail {
@@ -193,6 +200,7 @@ struct decode_params {
   std::int32_t max_splits;
   bool cluster;          // the splits of a (sequence, KV head) form one thread block cluster
   bool page_table_ready; // the page table is read before griddepcontrol.wait
+  bool cache_early;      // and the first tiles before the sequence's last page are copied too
   bool signal_early;     // griddepcontrol.launch_dependents once a block is past its keys
 };
 
@@ -910,6 +918,24 @@ __launch_bounds__(W * 32, (W == decode_warps
   for (int t = 0; t < stages; ++t) {
     first_ids[t] = page_of(t, first_slots[t]);
   }
+  // With cache_early, the first tiles whose keys all lie before the sequence's last page are
+  // copied before the wait, in order, up to the first that does not (each its own group, as
+  // below).
+  int early = 0;
+  if (p.cache_early) {
+    const std::int32_t last_page_start = (npages - 1) * layout.page_size();
+#pragma unroll
+    for (int t = 0; t < stages - KT; ++t) {
+      const std::int32_t tile_end = c0 + (warp + W * t) * 16 + 16;
+      if (early == t && t < loop_tiles && tile_end <= last_page_start) {
+        key_loc loc;
+        place(first_ids[t], first_slots[t], loc);
+        issue(t, loc);
+        cp_async_commit();
+        early = t + 1;
+      }
+    }
+  }
   if (p.page_table_ready) {
     wait_for_dependency();
     load_queries();
@@ -927,12 +953,14 @@ __launch_bounds__(W * 32, (W == decode_warps
   const float inv_cap = capped ? 1.0F / p.soft_cap : 0.0F;
 #pragma unroll
   for (int t = 0; t < stages - KT; ++t) {
-    key_loc loc;
-    place(first_ids[t], first_slots[t], loc);
-    if (t < loop_tiles) {
-      issue(t, loc);
+    if (t >= early) {
+      key_loc loc;
+      place(first_ids[t], first_slots[t], loc);
+      if (t < loop_tiles) {
+        issue(t, loc);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
   }
   // The next tiles' page ids and slots. Their rows are placed (and, in debug mode, the ids
   // checked) only when their copies are issued, a step after the ids are read: placed at once,
@@ -1679,6 +1707,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   p.max_splits = plan.max_splits;
   p.cluster = false;
   p.page_table_ready = false;
+  p.cache_early = false;
   p.signal_early = false;
   if (plan.workspace_bytes() > 0) {
     auto* const ws = static_cast<std::byte*>(workspace);
@@ -1764,6 +1793,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // the queries after it, was 2-7% slower (the wait ends at once there).
   p.signal_early = dependent && small_grid;
   p.page_table_ready = dependent && small_grid && a.page_table_ready;
+  p.cache_early = p.page_table_ready && a.cache_ready_but_last_page && a.page_check == nullptr;
   // Up to max_cluster_splits splits merge inside a cluster of their blocks, where every cluster
   // of the grid can be resident at once; otherwise (a grid of clusters takes longer to place
   // than one of blocks: H200, bf16 B=8, L=8192 in clusters of 4: 96 us against 70) the splits go
