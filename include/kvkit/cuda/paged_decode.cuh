@@ -754,6 +754,10 @@ __launch_bounds__(W * 32, (W == decode_warps
   const std::int32_t c1 = c0 + chunk < len ? c0 + chunk : len;
   const std::int32_t ntiles = (c1 - c0 + 15) / 16;
   const std::int32_t my_tiles = ntiles > warp ? (ntiles - warp + W - 1) / W : 0;
+  // The first key of the warp's tile t.
+  const auto tile_start = [&](std::int32_t t) {
+    return c0 + (warp + W * t) * 16;
+  };
 
   char* const warp_smem =
       reinterpret_cast<char*>(smem_raw) + static_cast<std::size_t>(warp) * stages * sl::bytes;
@@ -768,7 +772,7 @@ __launch_bounds__(W * 32, (W == decode_warps
   // The page id and slot of this lane's key of tile t (slot -1 and page -1 outside the range): a
   // read without a branch around it, so that the reads of several tiles can be in flight together.
   const auto page_of = [&](std::int32_t t, std::int32_t& slot) -> std::int32_t {
-    const std::int32_t tok = c0 + (warp + W * t) * 16 + (lane & 15);
+    const std::int32_t tok = tile_start(t) + (lane & 15);
     const bool inside = t < my_tiles && tok < c1;
     std::uint32_t pi = 0;
     std::uint32_t off = 0;
@@ -918,9 +922,17 @@ __launch_bounds__(W * 32, (W == decode_warps
   for (int t = 0; t < stages; ++t) {
     first_ids[t] = page_of(t, first_slots[t]);
   }
+  // The prologue's copies of the warp's tile t (nothing past the warp's steps), one group a tile.
+  const auto start_tile = [&](int t) {
+    key_loc loc;
+    place(first_ids[t], first_slots[t], loc);
+    if (t < loop_tiles) {
+      issue(t, loc);
+    }
+    cp_async_commit();
+  };
   // With cache_early, the first tiles whose keys all lie before the sequence's last page are
-  // copied before the wait, in order, up to the first that does not (each its own group, as
-  // below).
+  // copied before the wait, in order, up to the first that does not.
   int early = 0;
   if (p.cache_early) {
     const std::int32_t last_page_start = (npages - 1) * layout.page_size();
@@ -928,10 +940,7 @@ __launch_bounds__(W * 32, (W == decode_warps
     for (int t = 0; t < stages - KT; ++t) {
       const std::int32_t tile_end = c0 + (warp + W * t) * 16 + 16;
       if (early == t && t < loop_tiles && tile_end <= last_page_start) {
-        key_loc loc;
-        place(first_ids[t], first_slots[t], loc);
-        issue(t, loc);
-        cp_async_commit();
+        start_tile(t);
         early = t + 1;
       }
     }
@@ -954,12 +963,7 @@ __launch_bounds__(W * 32, (W == decode_warps
 #pragma unroll
   for (int t = 0; t < stages - KT; ++t) {
     if (t >= early) {
-      key_loc loc;
-      place(first_ids[t], first_slots[t], loc);
-      if (t < loop_tiles) {
-        issue(t, loc);
-      }
-      cp_async_commit();
+      start_tile(t);
     }
   }
   // The next tiles' page ids and slots. Their rows are placed (and, in debug mode, the ids
@@ -1171,14 +1175,14 @@ __launch_bounds__(W * 32, (W == decode_warps
     float key_scale[KT][2];
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      const std::int32_t tile_start = c0 + (warp + W * (t + kt)) * 16;
+      const std::int32_t first_key = tile_start(t + kt);
 #pragma unroll
       for (int tk = 0; tk < 2; ++tk) {
         key_scale[kt][tk] = logit_scale;
         if constexpr (kf::per_token) {
           key_scale[kt][tk] *= __uint_as_float(kp[kt][tk][0]);
         }
-        if (tile_start + g + 8 * tk >= c1) {
+        if (first_key + g + 8 * tk >= c1) {
           key_scale[kt][tk] = NAN; // marks a key past the range
         }
       }
@@ -1629,43 +1633,42 @@ __launch_bounds__(W * 32, (W == decode_warps
   }
 }
 
-// The current device and its multiprocessors (asked once per device; 0 for a device past the
-// first 64, which then counts as having no room for a small grid).
-inline cudaError_t decode_device(int& device, std::int32_t& sms) {
+// Attribute A of `device`, asked once per device (a host call per launch would cost more than a
+// small decode takes on the GPU); 0 for a device past the first 64.
+template <cudaDeviceAttr A>
+cudaError_t decode_device_attribute(int device, std::int32_t& value) {
   static std::atomic<std::int32_t> known[64] = {};
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
-    return e;
-  }
-  sms = 0;
+  value = 0;
   if (device < 0 || device >= 64) {
     return cudaSuccess;
   }
-  sms = known[device].load(std::memory_order_acquire);
-  if (sms == 0) {
-    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        e != cudaSuccess) {
+  value = known[device].load(std::memory_order_acquire);
+  if (value == 0) {
+    if (const cudaError_t e = cudaDeviceGetAttribute(&value, A, device); e != cudaSuccess) {
+      value = 0;
       return e;
     }
-    known[device].store(sms, std::memory_order_release);
+    known[device].store(value, std::memory_order_release);
   }
   return cudaSuccess;
 }
 
-// The shared memory a block of the current device may opt in to (asked once per device; 0 past
-// the first 64 devices or where the query fails, which rules out the wide blocks).
-inline std::int32_t decode_smem_optin(int device) {
-  static std::atomic<std::int32_t> known[64] = {};
-  if (device < 0 || device >= 64) {
-    return 0;
+// The current device and its multiprocessors (0 for a device past the first 64, which then
+// counts as having no room for a small grid).
+inline cudaError_t decode_device(int& device, std::int32_t& sms) {
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+    return e;
   }
-  std::int32_t bytes = known[device].load(std::memory_order_acquire);
-  if (bytes == 0) {
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-        cudaSuccess) {
-      (void)cudaGetLastError(); // not an error of this launch: no wide blocks
-      return 0;
-    }
-    known[device].store(bytes, std::memory_order_release);
+  return decode_device_attribute<cudaDevAttrMultiProcessorCount>(device, sms);
+}
+
+// The shared memory a block of `device` may opt in to (0 past the first 64 devices or where the
+// query fails, which rules out the wide blocks).
+inline std::int32_t decode_smem_optin(int device) {
+  std::int32_t bytes = 0;
+  if (decode_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device, bytes) !=
+      cudaSuccess) {
+    (void)cudaGetLastError(); // not an error of this launch: no wide blocks
   }
   return bytes;
 }
