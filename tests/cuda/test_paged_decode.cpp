@@ -450,7 +450,11 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
   problem<bf16_nhd> pr(layout, 480, seed);
   const std::vector<kvkit_test::decode_step> steps{
       pr.make_step<__nv_bfloat16>({1, 300, 2100, 5000}, q_heads)};
-  for (const std::int32_t sms : {1, 16, 4096}) {
+  // Plans for 1, 16, 48 and 4096 multiprocessors: one split a sequence, splits merged in
+  // clusters, 27 splits of 192 keys through the workspace (216 blocks: more than a multiprocessor
+  // each on a device of up to 215, all resident at once on one of 108 or more, so a 16-bit cache
+  // signals its dependents early and reads ahead of its wait there), and 40 splits.
+  for (const std::int32_t sms : {1, 16, 48, 4096}) {
     // Dependent; dependent, table read early; ordinary; dependent, table and cache but the last
     // pages read early.
     for (const int variant : {0, 1, 2, 3}) {
@@ -465,6 +469,9 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
       INFO("seed " << seed << " sms " << sms << " variant " << variant << " splits "
                    << got.max_splits << " error " << cudaGetErrorString(got.error));
       REQUIRE(got.error == cudaSuccess);
+      if (sms == 48) {
+        REQUIRE(got.max_splits == 27);
+      }
       check_steps(pr, steps, q_heads, got);
     }
   }

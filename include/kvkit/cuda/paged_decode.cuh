@@ -64,8 +64,9 @@ struct decode_args {
   //! retires, instead of after, and its blocks wait for that kernel's writes before they touch
   //! memory, so the result is the same. A grid of at most one block per multiprocessor (a small
   //! batch) also lets the launch after it start once its blocks are past their keys (that
-  //! launch, if it is a dependent launch, still waits for this one's results). False: an
-  //! ordinary launch in stream order.
+  //! launch, if it is a dependent launch, still waits for this one's results), and so does a
+  //! grid of a 16-bit cache whose blocks are all resident at once, with page_table_ready. False:
+  //! an ordinary launch in stream order.
   bool dependent_launch = true;
   //! The caller zeroed the workspace once (cudaMemset of all of it, before its first launch) and
   //! uses it for nothing but these launches: each launch leaves its counters at zero again, so
@@ -78,10 +79,11 @@ struct decode_args {
   //! uploaded or built earlier, as an engine's page table is), so the decode reads it before it
   //! waits for that kernel, and its two dependent round trips (the sequence's extent, then its
   //! page ids) overlap that kernel's end. The queries, the cache and everything else are still
-  //! read after the wait. Used where the grid has at most one block per multiprocessor, the
-  //! grids that signal their own dependents early, so that a decode after such a decode is placed
-  //! early and has time to read; a larger grid reads the queries first and the table after the
-  //! wait, which measured faster there. False: every read waits.
+  //! read after the wait. Used by the grids that signal their own dependents early (at most one
+  //! block per multiprocessor, or a 16-bit cache's grid whose blocks are all resident at once),
+  //! so that a decode after such a decode is placed early and has time to read; a larger grid
+  //! reads the queries first and the table after the wait, which measured faster there. False:
+  //! every read waits.
   bool page_table_ready = false;
   //! With page_table_ready: the kernel the decode follows on the stream, and any still running
   //! before it, writes no cache page of the batch's sequences but each sequence's last (as a
@@ -1633,10 +1635,11 @@ __launch_bounds__(W * 32, (W == decode_warps
   }
 }
 
-// Attribute A of `device`, asked once per device (a host call per launch would cost more than a
-// small decode takes on the GPU); 0 for a device past the first 64.
-template <cudaDeviceAttr A>
-cudaError_t decode_device_attribute(int device, std::int32_t& value) {
+// What `query(device, value)` gives for `device`, asked once per device and query type (a host
+// call per launch would cost more than a small decode takes on the GPU; each lambda is a type of
+// its own); 0 for a device past the first 64. A failed query, or a result of 0, is asked again.
+template <class Query>
+cudaError_t decode_per_device(int device, std::int32_t& value, Query query) {
   static std::atomic<std::int32_t> known[64] = {};
   value = 0;
   if (device < 0 || device >= 64) {
@@ -1644,13 +1647,20 @@ cudaError_t decode_device_attribute(int device, std::int32_t& value) {
   }
   value = known[device].load(std::memory_order_acquire);
   if (value == 0) {
-    if (const cudaError_t e = cudaDeviceGetAttribute(&value, A, device); e != cudaSuccess) {
+    if (const cudaError_t e = query(device, value); e != cudaSuccess) {
       value = 0;
       return e;
     }
     known[device].store(value, std::memory_order_release);
   }
   return cudaSuccess;
+}
+
+// Attribute A of `device`, asked once per device.
+template <cudaDeviceAttr A>
+cudaError_t decode_device_attribute(int device, std::int32_t& value) {
+  return decode_per_device(device, value,
+                           [](int d, std::int32_t& v) { return cudaDeviceGetAttribute(&v, A, d); });
 }
 
 // The current device and its multiprocessors (0 for a device past the first 64, which then
@@ -1681,13 +1691,16 @@ inline std::int32_t decode_smem_optin(int device) {
 // there) unchanged; L=512 (one tile a warp) int4 7-10% slower.
 inline constexpr int decode_wide_warps = 8;
 
-// One launch of the kernel taking KT tiles a step with blocks of W warps; `small_grid`: the grid
-// has at most one block per multiprocessor of `device`.
+// One launch of the kernel taking KT tiles a step with blocks of W warps on `device`, which has
+// `sms` multiprocessors.
 template <class Layout, class T, int D, int NT, int KT, int W = decode_warps>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
-                          cudaStream_t stream, int device, bool small_grid) {
+                          cudaStream_t stream, int device, std::int32_t sms) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
+  const std::int64_t blocks =
+      static_cast<std::int64_t>(plan.max_splits) * plan.shape.num_kv_heads * a.table.batch_size;
+  const bool small_grid = blocks <= sms;
   decode_params<Layout, T> p{};
   p.layout = a.layout;
   p.cache = a.cache;
@@ -1791,11 +1804,32 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // start once each of its blocks is past its keys, so that launch is placed, and reads its page
   // table where the caller allows it, while this one merges. Measured on the H200 in a loop of
   // decodes from a CUDA graph: bf16 B=1, L=2048 7.65 to 7.04 us (group 4), 8.30 to 7.39 (group
-  // 8). Not for larger grids: there the early launch's waiting blocks hold places this grid's
-  // later blocks need (int4 B=32, L=512 10% slower), and reading the table before the wait, with
-  // the queries after it, was 2-7% slower (the wait ends at once there).
-  p.signal_early = dependent && small_grid;
-  p.page_table_ready = dependent && small_grid && a.page_table_ready;
+  // 8). A larger grid does the same where the caller allows the early reads (page_table_ready),
+  // its K and V are 16-bit, and all its blocks are resident at once (one wave: no later block of
+  // it needs the places the next launch's waiting blocks take). H200, bf16 in a stream loop:
+  // B=8, L=512 17-20% faster, B=1, L=8192 (256 blocks) 12-13%, B=8, L=2048 9-11%, B=32, L=512
+  // 4-5%, B=8, L=8192 1-4%, the other one-wave rows within 0.6% either way. Not for quantized
+  // caches, whose four blocks a multiprocessor (or two-tile blocks) gained at some shapes and
+  // lost up to 15% at others (int4 B=32, L=512), and not without the early reads: the early
+  // signal alone made every grid it applied to 0.2-12% slower. Grids larger than a wave keep the
+  // ordinary order (int4 B=32, L=512 10% slower with an early signal), and reading the table
+  // before the wait, with the queries after it, was 2-7% slower there (the wait ends at once).
+  bool early = small_grid;
+  if constexpr (frag<K, D>::bits == 16 && frag<V, D>::bits == 16) {
+    if (dependent && !small_grid && a.page_table_ready) {
+      // Blocks of this kernel resident per multiprocessor.
+      std::int32_t resident = 0;
+      if (decode_per_device(device, resident, [&](int, std::int32_t& v) {
+            return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, W * 32, smem);
+          }) != cudaSuccess) {
+        (void)cudaGetLastError(); // not an error of this launch: no early signal
+        resident = 0;
+      }
+      early = blocks <= static_cast<std::int64_t>(sms) * resident;
+    }
+  }
+  p.signal_early = dependent && early;
+  p.page_table_ready = dependent && early && a.page_table_ready;
   p.cache_early = p.page_table_ready && a.cache_ready_but_last_page && a.page_check == nullptr;
   // Up to max_cluster_splits splits merge inside a cluster of their blocks, where every cluster
   // of the grid can be resident at once; otherwise (a grid of clusters takes longer to place
@@ -1863,7 +1897,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     constexpr bool eight_bit = frag<typename Layout::k_codec, D>::bits == 8;
     if (((small_grid && eight_bit) || plan.two_tiles) &&
         plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
-      return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, small_grid);
+      return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, sms);
     }
   }
   using K = typename Layout::k_codec;
@@ -1874,10 +1908,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     if (small_grid && plan.chunk_tokens >= 2 * decode_wide_warps * 16 &&
         wide_smem <= decode_smem_optin(device)) {
       return launch_decode<Layout, T, D, NT, 1, decode_wide_warps>(a, plan, workspace, stream,
-                                                                   device, small_grid);
+                                                                   device, sms);
     }
   }
-  return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, small_grid);
+  return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, sms);
 }
 
 } // namespace detail
