@@ -940,6 +940,8 @@ __launch_bounds__(W * 32, (W == decode_warps
     const std::int32_t last_page_start = (npages - 1) * layout.page_size();
 #pragma unroll
     for (int t = 0; t < stages - KT; ++t) {
+      // Spelled out rather than tile_start(t) + 16: written that way, ptxas scheduled this
+      // prologue differently (its sm_90a code was compared, not its speed).
       const std::int32_t tile_end = c0 + (warp + W * t) * 16 + 16;
       if (early == t && t < loop_tiles && tile_end <= last_page_start) {
         start_tile(t);
@@ -1691,6 +1693,12 @@ inline std::int32_t decode_smem_optin(int device) {
 // there) unchanged; L=512 (one tile a warp) int4 7-10% slower.
 inline constexpr int decode_wide_warps = 8;
 
+// Thread blocks of a launch's grid: (split, KV head, sequence).
+template <class Layout, class T>
+std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_plan& plan) {
+  return static_cast<std::int64_t>(plan.max_splits) * plan.shape.num_kv_heads * a.table.batch_size;
+}
+
 // One launch of the kernel taking KT tiles a step with blocks of W warps on `device`, which has
 // `sms` multiprocessors.
 template <class Layout, class T, int D, int NT, int KT, int W = decode_warps>
@@ -1698,8 +1706,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                           cudaStream_t stream, int device, std::int32_t sms) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  const std::int64_t blocks =
-      static_cast<std::int64_t>(plan.max_splits) * plan.shape.num_kv_heads * a.table.batch_size;
+  const std::int64_t blocks = decode_grid_blocks(a, plan);
   const bool small_grid = blocks <= sms;
   decode_params<Layout, T> p{};
   p.layout = a.layout;
@@ -1890,9 +1897,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   if (const cudaError_t e = decode_device(device, sms); e != cudaSuccess) {
     return e;
   }
-  const bool small_grid =
-      static_cast<std::int64_t>(plan.max_splits) * plan.shape.num_kv_heads * a.table.batch_size <=
-      sms;
+  const bool small_grid = decode_grid_blocks(a, plan) <= sms;
   if constexpr (decode_two_tiles_fit<typename Layout::k_codec, typename Layout::v_codec, D, NT>()) {
     constexpr bool eight_bit = frag<typename Layout::k_codec, D>::bits == 8;
     if (((small_grid && eight_bit) || plan.two_tiles) &&
