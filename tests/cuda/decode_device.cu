@@ -409,6 +409,15 @@ std::vector<std::string> decode_validation_failures() {
   bad_plan.shape.kv_scaled_one_width = true; // a plan for a cache scaled per token
   check("kv_scaled_one_width of another cache", good, bad_plan, fake, ws, false);
   bad_plan = plan;
+  bad_plan.shape.page_size = 32; // a plan for pages of 32 tokens, the layout's hold 16
+  check("page_size of another cache", good, bad_plan, fake, ws, false);
+  bad_plan = plan;
+  bad_plan.shape.page_size = 16; // the layout's (the plan above was built without one: 0)
+  check("page_size of this cache", good, bad_plan, fake, ws, true);
+  bad_plan = plan;
+  bad_plan.shape.page_size = -1;
+  check("negative page_size", good, bad_plan, fake, ws, false);
+  bad_plan = plan;
   bad_plan.max_splits = kvkit::decode_plan::max_splits_limit + 1;
   check("more splits than the merge holds", good, bad_plan, fake, ws, false);
   bad_plan = plan;

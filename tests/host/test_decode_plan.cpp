@@ -186,6 +186,50 @@ TEST_CASE("plan_decode takes the two-tile kernel for int8 from two_tiles_min_key
   }
 }
 
+TEST_CASE("plan_decode keeps an 8-bit cache's sequences whole where two blocks an SM load it as "
+          "evenly as four",
+          "[attention][plan]") {
+  const kvkit::paged_layout<kvkit::fp8_e4m3_codec> fp8(16, 8, 128);
+  const kvkit::paged_layout<kvkit::int4_group_codec<32>> int4(16, 8, 128);
+  const auto plan = [](const auto& layout, std::int32_t batch, std::int32_t len) {
+    const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
+    const auto p = kvkit::plan_decode(kvkit::decode_shape_for(layout, batch, 32), lens, 132);
+    REQUIRE(p.ok());
+    return *p;
+  };
+  for (const std::int32_t len : {2048, 8192, 32768}) {
+    INFO("L=" << len);
+    // B=32: 256 blocks of whole sequences put two on the busiest SM, as 512 half sequences put
+    // four; the whole ones need no merge.
+    CHECK(plan(fp8, 32, len).max_splits == 1);
+    CHECK(plan(fp8, 33, len).max_splits == 1);
+    // B=24: 192 whole sequences put two on some SMs, 384 halves three a SM: halves stream less
+    // on the busiest one.
+    CHECK(plan(fp8, 24, len).max_splits == 2);
+    // int4 keeps four blocks an SM (its loop is bound by instructions; at L=2048 its plan is the
+    // two-tile kernel's).
+    if (len >= 8192) {
+      CHECK(plan(int4, 32, len).max_splits == 2);
+      CHECK(!plan(int4, 32, len).two_tiles);
+    }
+  }
+  // A batch whose longest sequence would need splitting for two blocks an SM is planned as before.
+  CHECK(plan(fp8, 8, 8192).max_splits == 8);
+  // Pages under 16 tokens, or a shape that gives none, are split for four blocks an SM.
+  const kvkit::paged_layout<kvkit::fp8_e4m3_codec> fp8_p1(1, 8, 128);
+  const kvkit::paged_layout<kvkit::fp8_e4m3_codec> fp8_p8(8, 8, 128);
+  CHECK(plan(fp8_p1, 32, 2048).max_splits == 2);
+  CHECK(plan(fp8_p8, 32, 2048).max_splits == 2);
+  kvkit::decode_shape no_pages = kvkit::decode_shape_for(fp8, 32, 32);
+  CHECK(no_pages.page_size == 16);
+  no_pages.page_size = 0;
+  const std::vector<std::int32_t> lens(32, 2048);
+  CHECK(kvkit::plan_decode(no_pages, lens, 132)->max_splits == 2);
+  no_pages.page_size = -1;
+  CHECK(!no_pages.validate().ok());
+  CHECK(!kvkit::plan_decode(no_pages, lens, 132).ok());
+}
+
 TEST_CASE("plan_decode plans an int8 cache on long sequences for the two-tile kernel",
           "[attention][plan]") {
   const kvkit::paged_layout<kvkit::int8_codec> int8(16, 8, 128);
@@ -198,9 +242,9 @@ TEST_CASE("plan_decode plans an int8 cache on long sequences for the two-tile ke
   CHECK(i8->two_tiles);
   CHECK(!f8->two_tiles);
   // Split for two resident blocks per multiprocessor, not four: one split of 2048 keys for 256
-  // (sequence, KV head) pairs, where fp8 takes two of 1024.
+  // (sequence, KV head) pairs. fp8 keeps its sequences whole there too (next test case).
   CHECK(i8->max_splits == 1);
-  CHECK(f8->max_splits == 2);
+  CHECK(f8->max_splits == 1);
   CHECK(static_cast<std::int64_t>(i8->max_splits) * 32 * 8 <= 2 * 132);
   // Shorter sequences (where the plan for two blocks is not one wave), head dim 256, groups over
   // 8: the one-tile kernel's plan.

@@ -35,16 +35,20 @@ struct decode_shape {
   //! a decode kernel that takes two tiles a warp step, which the plan may choose for it
   //! (decode_plan::two_tiles).
   bool kv_scaled_one_width = false;
+  //! Tokens per page of the cache (0: not given). With pages of 16 tokens or more, an 8-bit cache
+  //! may keep its sequences whole where it would otherwise be split for four resident blocks
+  //! (plan_decode); with smaller pages, or none given, it is split.
+  std::int32_t page_size = 0;
 
   [[nodiscard]] constexpr std::int32_t group_size() const {
     return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
   }
   //! bad_argument unless the batch is positive, the group size is 1..16 and divides evenly,
-  //! head_dim is 64, 128 or 256, kv_bits is 4, 8 or 16, and kv_scaled_one_width is false where
-  //! kv_bits is 16.
+  //! head_dim is 64, 128 or 256, kv_bits is 4, 8 or 16, kv_scaled_one_width is false where
+  //! kv_bits is 16, and page_size is not negative.
   [[nodiscard]] constexpr status validate() const noexcept {
     if (batch_size <= 0 || num_kv_heads <= 0 || num_q_heads <= 0 ||
-        num_q_heads % num_kv_heads != 0 || group_size() > 16 || window < 0 ||
+        num_q_heads % num_kv_heads != 0 || group_size() > 16 || window < 0 || page_size < 0 ||
         (head_dim != 64 && head_dim != 128 && head_dim != 256) ||
         (kv_bits != 4 && kv_bits != 8 && kv_bits != 16) || (kv_bits == 16 && kv_scaled_one_width)) {
       return errc::bad_argument;
@@ -78,6 +82,7 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
     requires(const Layout& l) {
   { l.num_kv_heads() } -> std::convertible_to<std::int32_t>;
   { l.head_dim() } -> std::convertible_to<std::int32_t>;
+  { l.page_size() } -> std::convertible_to<std::int32_t>;
 }
 [[nodiscard]] constexpr decode_shape decode_shape_for(const Layout& layout, std::int32_t batch_size,
                                                       std::int32_t num_q_heads,
@@ -88,7 +93,8 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
           layout.head_dim(),
           window,
           decode_kv_bits<Layout>,
-          decode_kv_scaled_one_width<Layout>};
+          decode_kv_scaled_one_width<Layout>,
+          layout.page_size()};
 }
 
 //! Thread blocks of the decode kernel resident on one multiprocessor for a cache of `kv_bits`
@@ -206,11 +212,26 @@ template <class Lengths>
   return std::min(chunk, longest);
 }
 
+// Keys the busiest multiprocessor streams when the blocks of `chunk` keys are dealt out evenly.
+template <class Lengths>
+[[nodiscard]] constexpr std::int64_t busiest_sm_keys(const decode_shape& shape, Lengths& lengths,
+                                                     std::int64_t chunk, std::int64_t sms) {
+  const std::int64_t blocks = split_count(lengths, chunk) * shape.num_kv_heads;
+  return (blocks + sms - 1) / sms * chunk;
+}
+
 // The chunk for one wave of two blocks per multiprocessor. Where the kernel keeps four resident
 // (`resident`), it splits for four only if each block still gets at least 16 tiles: shorter ones
 // pay their start and their merge for too little work (H200, fp8: B=8, L=8192 50.3 to 46.5 us with
 // 8 splits of 1024 keys, but B=1, L=8192 19.1 to 22.7 us with 64 of 128, and B=32, L=512 19.2 to
-// 21.5 us with 2 of 256).
+// 21.5 us with 2 of 256). Nor does an 8-bit cache where the plan for two leaves every sequence
+// whole and loads the busiest multiprocessor with no more keys than the finer plan: two blocks
+// an SM stream its bytes as fast as four, and the whole sequences need no merge (H200, fp8 at
+// B=32, 256 blocks of one split against 512 of two: L=2048 5-6% faster, L=8192 4%, L=32768 3%;
+// at B=24, whose 192 blocks put two on only some SMs, one split was 12-20% slower than two). Not
+// with pages under 16 tokens, whose scattered rows want the warps of four blocks (fp8 B=32,
+// L=2048 with 1-token pages: 4-5% slower whole), nor for int4, whose loop is bound by
+// instructions (two blocks an SM at B=32: L=2048 5% slower, L=8192 21%).
 template <class Lengths>
 [[nodiscard]] constexpr std::int64_t chunk_for(const decode_shape& shape, Lengths& lengths,
                                                std::int64_t max_len, std::int64_t sms,
@@ -218,7 +239,11 @@ template <class Lengths>
   std::int64_t chunk = smallest_chunk(shape, lengths, max_len, 2 * sms);
   if (resident > 2) {
     const std::int64_t finer = smallest_chunk(shape, lengths, max_len, resident * sms);
-    if (finer >= 16 * decode_plan::tile_tokens) {
+    const bool keep_whole =
+        shape.kv_bits == 8 && shape.page_size >= 16 &&
+        split_count(lengths, chunk) == split_count(lengths, whole_tiles(max_len)) &&
+        busiest_sm_keys(shape, lengths, chunk, sms) <= busiest_sm_keys(shape, lengths, finer, sms);
+    if (finer >= 16 * decode_plan::tile_tokens && !keep_whole) {
       chunk = std::min(chunk, finer);
     }
   }

@@ -104,13 +104,13 @@ inline constexpr bool decode_codec =
 } // namespace detail
 
 //! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim,
-//! kv_bits and kv_scaled_one_width: decode_shape_for gives them), the codecs are per-token ones (a
-//! per-page-channel codec is rejected), the page table's page size is the layout's, the batch fits
-//! the plan (equals it unless the plan is graph-safe), the pointers are set (fp8 scales included,
-//! finite and positive; the cache, queries and outputs 16-byte aligned), options are in range, and
-//! the workspace holds plan.workspace_bytes() 16-byte-aligned bytes. The sequences' lengths are not
-//! checked on the host: every sequence must hold at least one token (the reference rejects empty
-//! ones).
+//! kv_bits, kv_scaled_one_width, and page_size unless 0: decode_shape_for gives them), the codecs
+//! are per-token ones (a per-page-channel codec is rejected), the page table's page size is the
+//! layout's, the batch fits the plan (equals it unless the plan is graph-safe), the pointers are
+//! set (fp8 scales included, finite and positive; the cache, queries and outputs 16-byte aligned),
+//! options are in range, and the workspace holds plan.workspace_bytes() 16-byte-aligned bytes. The
+//! sequences' lengths are not checked on the host: every sequence must hold at least one token (the
+//! reference rejects empty ones).
 template <class Layout, query_element T>
 [[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
                               const void* workspace, std::size_t workspace_bytes) {
@@ -120,7 +120,8 @@ template <class Layout, query_element T>
   if (!s.validate().ok() || !a.layout.validate().ok() ||
       a.layout.num_kv_heads() != s.num_kv_heads || a.layout.head_dim() != s.head_dim ||
       s.kv_bits != decode_kv_bits<Layout> ||
-      s.kv_scaled_one_width != decode_kv_scaled_one_width<Layout> || !detail::decode_codec<K> ||
+      s.kv_scaled_one_width != decode_kv_scaled_one_width<Layout> ||
+      (s.page_size != 0 && s.page_size != a.layout.page_size()) || !detail::decode_codec<K> ||
       !detail::decode_codec<V> || a.table.page_size != a.layout.page_size() ||
       a.table.batch_size < 0 || a.table.batch_size > s.batch_size ||
       (!plan.graph_safe && a.table.batch_size != s.batch_size)) {
