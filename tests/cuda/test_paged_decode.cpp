@@ -334,6 +334,19 @@ TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][d
         kvkit::attention_options{0.0F, 0, 5.0F}, kvkit::attention_options{0.05F, 257, 2.0F}}) {
     for (const std::int32_t sms : {1, 16, 4096}) {
       check_decode<128, bf16_nhd, __nv_bfloat16>(layout, 4, lens, seed + sms, o, sms);
+      // The quantized kernels apply the options in their own loops (an int4 K cache branches
+      // around the soft cap where the others predicate it): fp8, int8 and int4 caches too.
+      const auto s = seed + 10000 + static_cast<std::uint64_t>(sms);
+      check_decode<128, paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>({16, 2, 128}, 4, lens,
+                                                                            s, o, sms);
+      check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 2, 128}, 8, lens,
+                                                                        s + 1, o, sms);
+      check_decode<
+          128,
+          paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, kv_order::hnd>,
+          __nv_bfloat16>({16, 2, 128}, 4, lens, s + 2, o, sms);
+      check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+          {16, 2, 64}, 1, lens, s + 3, o, sms);
     }
   }
 }
