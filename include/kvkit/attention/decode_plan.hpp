@@ -239,12 +239,14 @@ template <class Lengths>
   std::int64_t chunk = smallest_chunk(shape, lengths, max_len, 2 * sms);
   if (resident > 2) {
     const std::int64_t finer = smallest_chunk(shape, lengths, max_len, resident * sms);
-    const bool keep_whole =
-        shape.kv_bits == 8 && shape.page_size >= 16 &&
-        split_count(lengths, chunk) == split_count(lengths, whole_tiles(max_len)) &&
-        busiest_sm_keys(shape, lengths, chunk, sms) <= busiest_sm_keys(shape, lengths, finer, sms);
-    if (finer >= 16 * decode_plan::tile_tokens && !keep_whole) {
-      chunk = std::min(chunk, finer);
+    if (finer >= 16 * decode_plan::tile_tokens) {
+      // A chunk of max_len keys or more leaves every sequence whole.
+      const bool keep_whole = shape.kv_bits == 8 && shape.page_size >= 16 && chunk >= max_len &&
+                              busiest_sm_keys(shape, lengths, chunk, sms) <=
+                                  busiest_sm_keys(shape, lengths, finer, sms);
+      if (!keep_whole) {
+        chunk = std::min(chunk, finer);
+      }
     }
   }
   // Up to max_cluster_splits splits a sequence merge inside a thread block cluster, far faster
