@@ -805,15 +805,13 @@ __launch_bounds__(W * 32, (W == decode_warps
   };
 
   const std::int64_t kv_gap = layout.v_data_offset() - layout.k_data_offset();
-  // int4 caches with pages of at least 16 tokens: once the tile after the ones in flight is
-  // located, its K row (lanes 0..15) or V row (lanes 16..31) is prefetched into L2. H200, three
-  // calls on two cards: int4 B=128, L=32768 4-12% faster, B=64, L=8192 1-9%, the mid shapes within
-  // 2.5%, B=1 up to 7% slower. Why is not established: the same block with its prefetch never
-  // taken measured the same, and the warp already waited for that page id here before (the debug
-  // page check consumes it), so the loop's SASS differs by this block alone; code placement is the
-  // suspect, and a later change to the kernel should measure it again. The same prefetch made bf16
-  // and fp8 5-12% slower and int4 with 1-token pages 17-38% slower. Warps with no tile past the
-  // prologue skip it (docs/performance.md).
+  // int4 caches with pages of at least 16 tokens, in the one-tile four-warp kernel (`place_late`
+  // below): once the tile after the ones in flight is located, its K row (lanes 0..15) or V row
+  // (lanes 16..31) is prefetched into L2. H200: without it (placed late, as the other codecs) that
+  // kernel was 2-14% slower at every length of 8192 or more, 1-5% faster at 512 and 2048; the
+  // two-tile and eight-warp int4 kernels were 2-14% faster without it, so they go without. The
+  // same prefetch made bf16 and fp8 5-12% slower and int4 with 1-token pages 17-38% slower. Warps
+  // with no tile past the prologue skip it (docs/performance.md).
   const bool warm_rows =
       kf::bits == 4 && vf::bits == 4 && layout.page_size() >= 16 && my_tiles > stages;
   const auto warm = [&](const key_loc& loc) {
@@ -912,17 +910,29 @@ __launch_bounds__(W * 32, (W == decode_warps
     }
   };
 
-  // Prologue: the page ids of the first `stages` tiles read together (one round trip to memory,
-  // not one per tile: the copies' asm orders every later read after them), then the first
-  // stages-KT tiles in flight, and the next KT tiles' pages located. The loop takes KT tiles a
-  // step; where the warp's tiles are not a multiple of KT, the last step's extra tile is copied
+  // Prologue: the page ids of the first `stages` tiles (`ids_ahead` more) read together (one round
+  // trip to memory, not one per tile: the copies' asm orders every later read after them), then the
+  // first stages-KT tiles in flight, and the next KT tiles' pages located. The loop takes KT tiles
+  // a step; where the warp's tiles are not a multiple of KT, the last step's extra tile is copied
   // as zeros (its page is -1) and its keys are masked like any key past the range.
   const std::int32_t my_steps = (my_tiles + KT - 1) / KT;
   const std::int32_t loop_tiles = my_steps * KT;
-  std::int32_t first_ids[stages];
-  std::int32_t first_slots[stages];
+  // The next tiles' page ids and slots. Their rows are placed (and, in debug mode, the ids
+  // checked) only when their copies are issued, a step after the ids are read: placed at once,
+  // each step waited there for its id's round trip to memory (H200, bf16 B=1: the loop's most
+  // sampled stall). The one int4 kernel that prefetches rows into L2 (`warm`) places them a step
+  // before their copies, and so reads the ids a step before that (`ids_ahead` more in the
+  // prologue). Read and placed in one step, the place waited for the id (Nsight Compute, int4
+  // B=128, L=32768: 11% of the loop's samples); a step ahead, H200: 1-2.5% faster at most shapes,
+  // 10-16% with 1-token pages, 2-3% slower at B=128, L=32768 (bound by its instructions, 7 more a
+  // tile). Two steps ahead, the ids moved along in registers, ran 1-6% slower than one (up to 23%
+  // with 1-token pages).
+  constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4 && KT == 1 && W == decode_warps);
+  constexpr int ids_ahead = place_late ? 0 : KT;
+  std::int32_t first_ids[stages + ids_ahead];
+  std::int32_t first_slots[stages + ids_ahead];
 #pragma unroll
-  for (int t = 0; t < stages; ++t) {
+  for (int t = 0; t < stages + ids_ahead; ++t) {
     first_ids[t] = page_of(t, first_slots[t]);
   }
   // The prologue's copies of the warp's tile t (nothing past the warp's steps), one group a tile.
@@ -971,11 +981,6 @@ __launch_bounds__(W * 32, (W == decode_warps
       start_tile(t);
     }
   }
-  // The next tiles' page ids and slots. Their rows are placed (and, in debug mode, the ids
-  // checked) only when their copies are issued, a step after the ids are read: placed at once,
-  // each step waited there for its id's round trip to memory (H200, bf16 B=1: the loop's most
-  // sampled stall). int4 caches that prefetch rows into L2 (`warm`) place them at once.
-  constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4);
   key_loc next[KT];
   std::int32_t next_id[KT];
   std::int32_t next_slot[KT];
@@ -985,6 +990,8 @@ __launch_bounds__(W * 32, (W == decode_warps
     next_slot[k] = first_slots[stages - KT + k];
     if constexpr (!place_late) {
       place(next_id[k], next_slot[k], next[k]);
+      next_id[k] = first_ids[stages + k]; // the ids a step ahead of `next`
+      next_slot[k] = first_slots[stages + k];
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1113,10 +1120,12 @@ __launch_bounds__(W * 32, (W == decode_warps
     }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      next_id[kt] = page_of(t + stages + kt, next_slot[kt]);
-      if constexpr (!place_late) {
+      if constexpr (place_late) {
+        next_id[kt] = page_of(t + stages + kt, next_slot[kt]);
+      } else {
         place(next_id[kt], next_slot[kt], next[kt]);
         warm(next[kt]);
+        next_id[kt] = page_of(t + stages + KT + kt, next_slot[kt]);
       }
     }
     if constexpr (KT == 1) {
