@@ -924,7 +924,7 @@ __launch_bounds__(W * 32, (W == decode_warps
   // before their copies, and so reads the ids a step before that (`ids_ahead` more in the
   // prologue). Read and placed in one step, the place waited for the id (Nsight Compute, int4
   // B=128, L=32768: 11% of the loop's samples); a step ahead, H200: 1-2.5% faster at most shapes,
-  // 10-16% with 1-token pages, 2-3% slower at B=128, L=32768 (bound by its instructions, 7 more a
+  // 5-16% with 1-token pages, 2-3% slower at B=128, L=32768 (bound by its instructions, 7 more a
   // tile). Two steps ahead, the ids moved along in registers, ran 1-6% slower than one (up to 23%
   // with 1-token pages).
   constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4 && KT == 1 && W == decode_warps);
