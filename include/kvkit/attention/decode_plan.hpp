@@ -185,12 +185,14 @@ namespace detail {
   return std::max<std::int64_t>((keys + tile - 1) / tile * tile, tile);
 }
 
-// Splits of `chunk` keys over every sequence (one KV head).
+// Thread blocks of a grid cut in splits of `chunk` keys: every sequence's splits, for every KV
+// head.
 template <class Lengths>
-[[nodiscard]] constexpr std::int64_t split_count(Lengths& lengths, std::int64_t chunk) {
+[[nodiscard]] constexpr std::int64_t block_count(const decode_shape& shape, Lengths& lengths,
+                                                 std::int64_t chunk) {
   std::int64_t splits = 0;
   lengths([&](std::int64_t len) { splits += (len + chunk - 1) / chunk; });
-  return splits;
+  return splits * shape.num_kv_heads;
 }
 
 // The smallest chunk (a multiple of the tile) whose thread blocks (over all sequences and KV
@@ -203,7 +205,7 @@ template <class Lengths>
   const std::int64_t longest = whole_tiles(max_len);
   std::int64_t chunk = std::min<std::int64_t>(2 * tile, longest);
   while (chunk < longest) {
-    if (split_count(lengths, chunk) * shape.num_kv_heads <= target &&
+    if (block_count(shape, lengths, chunk) <= target &&
         (max_len + chunk - 1) / chunk <= decode_plan::max_splits_limit) {
       break;
     }
@@ -216,7 +218,7 @@ template <class Lengths>
 template <class Lengths>
 [[nodiscard]] constexpr std::int64_t busiest_sm_keys(const decode_shape& shape, Lengths& lengths,
                                                      std::int64_t chunk, std::int64_t sms) {
-  const std::int64_t blocks = split_count(lengths, chunk) * shape.num_kv_heads;
+  const std::int64_t blocks = block_count(shape, lengths, chunk);
   return (blocks + sms - 1) / sms * chunk;
 }
 
@@ -264,7 +266,7 @@ template <class Lengths>
       chunk = cluster_chunk;
     }
   } else if (cluster_chunk < chunk) {
-    if (split_count(lengths, cluster_chunk) * shape.num_kv_heads <= sms) {
+    if (block_count(shape, lengths, cluster_chunk) <= sms) {
       chunk = cluster_chunk;
     }
   }
@@ -290,7 +292,7 @@ template <class Lengths>
   std::int64_t chunk = 0;
   if (two_tiles_cache(shape)) {
     chunk = chunk_for(shape, lengths, max_len, sms, 2);
-    const std::int64_t blocks = split_count(lengths, chunk) * shape.num_kv_heads;
+    const std::int64_t blocks = block_count(shape, lengths, chunk);
     two_tiles = (shape.kv_bits == 8 && max_len >= decode_plan::two_tiles_min_keys) ||
                 (chunk >= 4 * decode_plan::tile_tokens && chunk <= 32 * decode_plan::tile_tokens &&
                  blocks > sms && blocks <= 2 * sms);
