@@ -29,7 +29,7 @@ def main() -> int:
         if parts[0] != "paged_decode" or "TB/s" not in r:
             continue
         codec, b, l, g, p = parts[1], parts[2], parts[3], parts[4], parts[5]
-        if g != "g" + group or p != "p16" or codec == "bf16_hnd":
+        if g != "g" + group or p != "p16" or codec.endswith("_hnd"):
             continue
         rows.setdefault(codec, {})[(int(b[1:]), int(l[1:]))] = r
     shapes = sorted(rows["bf16"], key=lambda s: (s[0] * s[1], s[0]))

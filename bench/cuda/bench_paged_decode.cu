@@ -18,7 +18,8 @@
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
 // memcpy of 1 GB from the same run, PyTorch SDPA on contiguous KV of the same shape when
 // KVKIT_SDPA_CSV names the file bench/cuda/sdpa_peer.py wrote in the same run, the target of the
-// shape and the ratios; quantized rows also print their time over bf16's at the same shape.
+// shape and the ratios; quantized rows also print their time over bf16's at the same shape and in
+// the same order (NHD or HND).
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -53,9 +55,11 @@ constexpr std::int64_t cache_tokens = 128LL * 32768; // the largest shape
 constexpr double rotate_bytes = 512e6;               // keys in flight over all rotations
 
 using shape_key = std::tuple<int, int, int, int>; // B, L, group, page size
-std::map<shape_key, double>& bf16_seconds() {
-  static std::map<shape_key, double> m;
-  return m;
+// bf16's seconds per shape in each order (NHD, HND): a quantized row is compared with bf16 in its
+// own order.
+std::map<shape_key, double>& bf16_seconds(kvkit::kv_order order = kvkit::kv_order::nhd) {
+  static std::map<shape_key, double> m[2];
+  return m[order == kvkit::kv_order::hnd ? 1 : 0];
 }
 
 // PyTorch SDPA seconds per (B, L, group) from KVKIT_SDPA_CSV ("B,L,group,seconds,backend").
@@ -329,10 +333,11 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
       if (const auto loop = bf16_seconds().find(key); loop != bf16_seconds().end()) {
         state.counters["x_stream"] = loop->second / t; // > 1: faster than the stream loop
       }
-    } else if (codec == "bf16") {
-      bf16_seconds()[key] = t;
-    } else if (const auto base = bf16_seconds().find(key); base != bf16_seconds().end()) {
-      state.counters["time_vs_bf16"] = t / base->second;
+    } else if (std::is_same_v<typename Layout::k_codec, kvkit::bf16_codec>) {
+      bf16_seconds(Layout::order)[key] = t;
+    } else if (const auto base = bf16_seconds(Layout::order).find(key);
+               base != bf16_seconds(Layout::order).end()) {
+      state.counters["time_vs_bf16"] = t / base->second; // bf16 of the same order
     }
   }
   cudaFree(d_indptr);
@@ -437,6 +442,14 @@ const bool registered = [] {
       "bf16_hnd", {16}, false);
   register_codec<paged_layout<kvkit::fp8_e4m3_codec>>("fp8_e4m3", {16, 1, 64}, true);
   register_codec<paged_layout<kvkit::int8_codec>>("int8", {16}, false);
+  // Quantized caches in the HND order, each compared with bf16_hnd: a head's rows of a page are
+  // contiguous there (a 16-token page of one head: 2 KB of fp8 K), against 128-byte (fp8) or
+  // 64-byte (int4) rows 1 KB apart in NHD (docs/performance.md).
+  register_codec<paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kvkit::kv_order::hnd>>(
+      "fp8_e4m3_hnd", {16}, false);
+  register_codec<
+      paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kvkit::kv_order::hnd>>(
+      "int4_g32_hnd", {16}, false);
   register_codec<paged_layout<kvkit::int4_group_codec<32>>>("int4_g32", {16, 1, 64}, true);
   register_graph_rows();
   register_row("paged_decode_launch/empty_kernel", BM_launch_peer);
