@@ -467,6 +467,9 @@ using int8_nhd = paged_layout<kvkit::int8_codec>;
 using int4_32 = paged_layout<kvkit::int4_group_codec<32>>;
 using int4_128_hnd =
     paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, kv_order::hnd>;
+using e4m3_hnd = paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
+using int4_32_hnd =
+    paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
 using int8_k_int4_v = paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<64>>;
 
 KVKIT_DECODE_CASE(64, bf16_nhd, __nv_bfloat16)
@@ -478,6 +481,8 @@ KVKIT_DECODE_CASE(64, e5m2_hnd, __half)
 KVKIT_DECODE_CASE(128, int8_nhd, __nv_bfloat16)
 KVKIT_DECODE_CASE(256, int4_32, __half)
 KVKIT_DECODE_CASE(128, int4_128_hnd, __nv_bfloat16)
+KVKIT_DECODE_CASE(128, e4m3_hnd, __nv_bfloat16)
+KVKIT_DECODE_CASE(128, int4_32_hnd, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, int8_k_int4_v, __half)
 KVKIT_DECODE_CASE(64, int4_32, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, bf16_nhd, __half)

@@ -267,6 +267,13 @@ TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
           {16, 4, 128}, group, lens, s, {}, sms);
       check_decode<128, paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>({16, 4, 128}, group,
                                                                             lens, s + 1, {}, sms);
+      // fp8 e4m3 and int4 g32 in HND pages too: the order docs/kernels.md advises for them.
+      check_decode<128, paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>,
+                   __nv_bfloat16>({16, 4, 128}, group, lens, s + 12, {}, sms);
+      check_decode<
+          128,
+          paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>,
+          __nv_bfloat16>({16, 4, 128}, group, lens, s + 13, {}, sms);
       check_decode<64, paged_layout<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, kv_order::hnd>,
                    __half>({32, 4, 64}, group, lens, s + 2, {}, sms);
       check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 4, 128}, group, lens,
