@@ -922,13 +922,13 @@ __launch_bounds__(W * 32, (W == decode_warps
   // How the loop locates its next tiles (`next`, `next_id` below): their rows are placed (and, in
   // debug mode, the ids checked) only when their copies are issued, a step after the ids are read:
   // placed at once, each step waited there for its id's round trip to memory (H200, bf16 B=1: the
-  // loop's most sampled stall). The one int4 kernel that prefetches rows into L2 (`warm`) places
-  // them a step before their copies, and so reads the ids a step before that (`ids_ahead` more in
-  // the prologue). Read and placed in one step, the place waited for the id (Nsight Compute, int4
-  // B=128, L=32768: 11% of the loop's samples); a step ahead, H200: 1-2.5% faster at most shapes,
-  // 5-16% with 1-token pages, 2-3% slower at B=128, L=32768 (bound by its instructions, 7 more a
-  // tile). Two steps ahead, the ids moved along in registers, ran 1-6% slower than one (up to 23%
-  // with 1-token pages).
+  // loop's most sampled stall). The one int4 kernel that prefetches rows into L2 (`warm`: NHD
+  // pages only) places them a step before their copies, and so reads the ids a step before that
+  // (`ids_ahead` more in the prologue). Read and placed in one step, the place waited for the id
+  // (Nsight Compute, int4 B=128, L=32768: 11% of the loop's samples); a step ahead, H200: 1-2.5%
+  // faster at most shapes, 5-16% with 1-token pages, 2-3% slower at B=128, L=32768 (bound by its
+  // instructions, 7 more a tile). Two steps ahead, the ids moved along in registers, ran 1-6%
+  // slower than one (up to 23% with 1-token pages).
   constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4 && KT == 1 && W == decode_warps &&
                                 Layout::order == kv_order::nhd);
   constexpr int ids_ahead = place_late ? 0 : KT;
