@@ -805,17 +805,19 @@ __launch_bounds__(W * 32, (W == decode_warps
   };
 
   const std::int64_t kv_gap = layout.v_data_offset() - layout.k_data_offset();
-  // int4 caches in NHD pages of at least 16 tokens, in the one-tile four-warp kernel (`place_late`
-  // below): once the tile after the ones in flight is located, its K row (lanes 0..15) or V row
-  // (lanes 16..31) is prefetched into L2. H200: without it (placed late, as the other codecs) that
-  // kernel was 2-14% slower at every length of 8192 or more, 1-5% faster at 512 and 2048; the
-  // two-tile and eight-warp int4 kernels were 2-14% faster without it, so they go without. The
-  // same prefetch made bf16 and fp8 5-12% slower and int4 with 1-token pages 17-38% slower. In HND
-  // pages (a head's rows of a page contiguous, half the L2 requests of NHD's 64-byte rows) int4
-  // goes without as well: 2-6% faster at B=8, L=8192 and at L=512 from B=64, 0.5-0.8% slower at
-  // L=32768. Warps with no tile past the prologue skip it (docs/performance.md).
-  const bool warm_rows =
-      kf::bits == 4 && vf::bits == 4 && layout.page_size() >= 16 && my_tiles > stages;
+  // int4 caches in NHD pages of at least 16 tokens, in the one-tile four-warp kernel (the one
+  // that does not `place_late`): once the tile after the ones in flight is located, its K row
+  // (lanes 0..15) or V row (lanes 16..31) is prefetched into L2. H200: without it (placed late, as
+  // the other codecs) that kernel was 2-14% slower at every length of 8192 or more, 1-5% faster at
+  // 512 and 2048; the two-tile and eight-warp int4 kernels were 2-14% faster without it, so they go
+  // without. The same prefetch made bf16 and fp8 5-12% slower and int4 with 1-token pages 17-38%
+  // slower. In HND pages (a head's rows of a page contiguous, half the L2 requests of NHD's 64-byte
+  // rows) int4 goes without as well: 2-6% faster at B=8, L=8192 and at L=512 from B=64, 0.5-0.8%
+  // slower at L=32768. Warps with no tile past the prologue skip it (docs/performance.md). Every
+  // other kernel places its rows late, when their copies are issued (below).
+  constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4 && KT == 1 && W == decode_warps &&
+                                Layout::order == kv_order::nhd);
+  const bool warm_rows = !place_late && layout.page_size() >= 16 && my_tiles > stages;
   const auto warm = [&](const key_loc& loc) {
     if (!warm_rows) {
       return;
@@ -929,8 +931,6 @@ __launch_bounds__(W * 32, (W == decode_warps
   // faster at most shapes, 5-16% with 1-token pages, 2-3% slower at B=128, L=32768 (bound by its
   // instructions, 7 more a tile). Two steps ahead, the ids moved along in registers, ran 1-6%
   // slower than one (up to 23% with 1-token pages).
-  constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4 && KT == 1 && W == decode_warps &&
-                                Layout::order == kv_order::nhd);
   constexpr int ids_ahead = place_late ? 0 : KT;
   std::int32_t first_ids[stages + ids_ahead];
   std::int32_t first_slots[stages + ids_ahead];
