@@ -55,6 +55,26 @@ constexpr std::int64_t cache_tokens = 128LL * 32768; // the largest shape
 constexpr double rotate_bytes = 512e6;               // keys in flight over all rotations
 
 using shape_key = std::tuple<int, int, int, int>; // B, L, group, page size
+
+// For trying plans (the rows then measure that plan, not the library's):
+// KVKIT_DECODE_CHUNK=N (a multiple of 64) replaces every row's keys per split with N, and
+// KVKIT_DECODE_TWO_TILES=0 or 1 every plan's choice of the two-tile kernel (decode_plan::two_tiles,
+// which the launcher takes where that kernel serves the codec). Unset or invalid: the library's.
+int chunk_override() {
+  static const int chunk = [] {
+    const char* v = std::getenv("KVKIT_DECODE_CHUNK");
+    const int n = v == nullptr ? 0 : std::atoi(v);
+    return n > 0 && n % kvkit::decode_plan::tile_tokens == 0 ? n : 0;
+  }();
+  return chunk;
+}
+int two_tiles_override() { // -1: the plan's
+  static const int two = [] {
+    const char* v = std::getenv("KVKIT_DECODE_TWO_TILES");
+    return v != nullptr && (v[0] == '0' || v[0] == '1') && v[1] == '\0' ? v[0] - '0' : -1;
+  }();
+  return two;
+}
 // bf16's seconds per shape in each order (NHD, HND): a quantized row is compared with bf16 in its
 // own order.
 std::map<shape_key, double>& bf16_seconds(kvkit::kv_order order = kvkit::kv_order::nhd) {
@@ -222,8 +242,15 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
   const kvkit::decode_shape shape = kvkit::decode_shape_for(layout, batch, q_heads);
-  const kvkit::decode_plan plan = graph ? *kvkit::plan_decode_graph_safe(shape, len, sms)
-                                        : *kvkit::plan_decode(shape, lens, sms);
+  kvkit::decode_plan plan = graph ? *kvkit::plan_decode_graph_safe(shape, len, sms)
+                                  : *kvkit::plan_decode(shape, lens, sms);
+  if (const int chunk = chunk_override(); chunk > 0) {
+    plan.chunk_tokens = chunk;
+    plan.max_splits = (len + chunk - 1) / chunk;
+  }
+  if (two_tiles_override() >= 0) {
+    plan.two_tiles = two_tiles_override() == 1;
+  }
   cudaStream_t stream = nullptr;
   if (graph) {
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
