@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -66,6 +68,53 @@ TEST_CASE("plan_decode keeps a sequence within a cluster's splits where that cos
       kvkit::plan_decode({8, 32, 8, 128, 0}, std::vector<std::int32_t>(8, 8192), 132);
   REQUIRE(batch.ok());
   CHECK(batch->max_splits == 4);
+  // Cut evenly: 4 splits of 2048 keys, not 3 of 2112 and a last one of 1856.
+  CHECK(batch->chunk_tokens == 2048);
+  // Unless the even cut takes more blocks: the sequence of 2100 keys would need two of 2048.
+  std::vector<std::int32_t> mixed(8, 8192);
+  mixed[7] = 2100;
+  const auto uneven = kvkit::plan_decode({8, 32, 8, 128, 0}, mixed, 132);
+  REQUIRE(uneven.ok());
+  CHECK(uneven->max_splits == 4);
+  CHECK(uneven->chunk_tokens == 2112);
+}
+
+TEST_CASE("plan_decode cuts the longest sequence evenly where that adds no block",
+          "[attention][plan]") {
+  // Every plan of a sweep: its chunk is the fewest whole tiles that give the longest sequence
+  // its split count, or the even chunk would take more blocks.
+  const auto blocks = [](const std::vector<std::int32_t>& lens, std::int64_t chunk) {
+    std::int64_t n = 0;
+    for (const std::int32_t len : lens) {
+      n += (len + chunk - 1) / chunk;
+    }
+    return n;
+  };
+  std::uint32_t seed = 7;
+  const auto next = [&] {
+    seed = seed * 1664525U + 1013904223U;
+    return seed >> 8;
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const auto batch = static_cast<std::int32_t>(1 + next() % 64);
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(batch));
+    for (auto& len : lens) {
+      len = static_cast<std::int32_t>(1 + next() % 40000);
+    }
+    const std::int32_t bits = trial % 3 == 0 ? 16 : (trial % 3 == 1 ? 8 : 4);
+    decode_shape shape{batch, 32, 8, 128, 0, bits, bits < 16, 16};
+    const auto plan = kvkit::plan_decode(shape, lens, 132);
+    INFO("trial " << trial << " seed " << seed << " batch " << batch << " bits " << bits);
+    REQUIRE(plan.ok());
+    const std::int64_t max_len = *std::max_element(lens.begin(), lens.end());
+    const std::int64_t tile = decode_plan::tile_tokens;
+    const std::int64_t even =
+        std::max<std::int64_t>((max_len + plan->max_splits - 1) / plan->max_splits, 1);
+    const std::int64_t even_tiles = (even + tile - 1) / tile * tile;
+    CHECK(plan->max_splits == (max_len + plan->chunk_tokens - 1) / plan->chunk_tokens);
+    CHECK((plan->chunk_tokens <= even_tiles ||
+           blocks(lens, even_tiles) > blocks(lens, plan->chunk_tokens)));
+  }
 }
 
 // The plan's kv_bits of a layout: the narrower of its codecs.

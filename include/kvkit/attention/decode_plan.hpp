@@ -273,6 +273,21 @@ template <class Lengths>
   return chunk;
 }
 
+// `chunk` shortened to the fewest whole tiles that still cut the longest sequence into as many
+// splits, where no sequence then takes more blocks: the steps by which smallest_chunk grows can
+// pass over the even cut (8192 keys in 4 splits: 2112, 2112, 2112 and 1856 keys, where 2048 each
+// would do), and a grid of one wave ends with its longest block (H200, B=8, L=8192 in 4 splits
+// of 2048 keys instead of 2112: int8 3.2-3.3% faster, bf16 0-0.8%).
+template <class Lengths>
+[[nodiscard]] constexpr std::int64_t even_chunk(const decode_shape& shape, Lengths& lengths,
+                                                std::int64_t max_len, std::int64_t chunk) {
+  const std::int64_t splits = (max_len + chunk - 1) / chunk;
+  const std::int64_t even = whole_tiles((max_len + splits - 1) / splits);
+  return even < chunk && block_count(shape, lengths, even) <= block_count(shape, lengths, chunk)
+             ? even
+             : chunk;
+}
+
 // The splits, and the kernel they are cut for: the two-tile kernel at two blocks per SM
 // (decode_plan::two_tiles) or the one-tile kernel at decode_blocks_per_sm. An int8 cache takes
 // the two-tile kernel whenever its longest sequence attends two_tiles_min_keys keys or more (its
@@ -301,6 +316,7 @@ template <class Lengths>
     chunk = chunk_for(shape, lengths, max_len, sms,
                       decode_blocks_per_sm(shape.kv_bits, shape.head_dim, shape.group_size()));
   }
+  chunk = even_chunk(shape, lengths, max_len, chunk);
   decode_plan plan;
   plan.shape = shape;
   plan.chunk_tokens = static_cast<std::int32_t>(chunk);
