@@ -184,6 +184,13 @@ TEST_CASE("decode_shape_for takes the cache's fields from the layout", "[attenti
   CHECK(f.kv_bits == 8);
   CHECK(!f.kv_scaled_one_width);
   CHECK(f.window == 0);
+  CHECK(f.page_size == 16);
+  CHECK(f.order == kvkit::kv_order::nhd);
+  CHECK(kvkit::decode_shape_for(
+            kvkit::paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kvkit::kv_order::hnd>(
+                16, 8, 128),
+            1, 32)
+            .order == kvkit::kv_order::hnd);
   // The flag with a 16-bit cache describes no cache.
   decode_shape wrong =
       kvkit::decode_shape_for(kvkit::paged_layout<kvkit::bf16_codec>(16, 8, 128), 1, 32);
@@ -202,7 +209,7 @@ TEST_CASE("plan_decode takes the two-tile kernel for int8 from two_tiles_min_key
   struct shape_case {
     std::int32_t batch, q_heads, len;
   };
-  for (const shape_case c : {shape_case{64, 32, 2048}, shape_case{8, 32, 8192},
+  for (const shape_case c : {shape_case{64, 32, 2048}, shape_case{8, 32, 16384},
                              shape_case{1, 8, 4096}, shape_case{128, 32, 32768}}) {
     INFO("B=" << c.batch << " q_heads " << c.q_heads << " L=" << c.len);
     const std::vector<std::int32_t> lens(static_cast<std::size_t>(c.batch), c.len);
@@ -360,8 +367,34 @@ TEST_CASE("plan_decode plans an int4 cache for the two-tile kernel where one wav
   // Split for two blocks where it takes the two-tile kernel, for four otherwise.
   CHECK(plan(32, 2048).max_splits == 1);
   CHECK(plan(64, 2048).max_splits == 1);
-  CHECK(!plan(8, 8192).two_tiles); // over 2048 keys a block for two: 8 splits of 1024 for four
-  CHECK(plan(8, 8192).max_splits == 8);
+  // 8192 keys cut evenly for two blocks a multiprocessor: 4 splits of 2048, two tiles a step.
+  CHECK(plan(8, 8192).two_tiles);
+  CHECK(plan(8, 8192).max_splits == 4);
+  CHECK(plan(8, 8192).chunk_tokens == 2048);
+  // In HND pages the same batch decides on the chunk as grown (2112 keys, over the bound) and
+  // keeps the one-tile kernel: 8 splits of 1024 for four blocks a multiprocessor.
+  const kvkit::paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>,
+                            kvkit::kv_order::hnd>
+      int4_hnd(16, 8, 128);
+  const decode_shape hnd = kvkit::decode_shape_for(int4_hnd, 8, 32);
+  CHECK(hnd.order == kvkit::kv_order::hnd);
+  const auto hnd_plan = kvkit::plan_decode(hnd, std::vector<std::int32_t>(8, 8192), 132);
+  REQUIRE(hnd_plan.ok());
+  CHECK(!hnd_plan->two_tiles);
+  CHECK(hnd_plan->max_splits == 8);
+  // Elsewhere both orders plan alike.
+  for (const std::int32_t batch : {1, 8, 32, 64}) {
+    for (const std::int32_t len : {512, 2048, 32768}) {
+      INFO("B=" << batch << " L=" << len);
+      const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
+      const auto n = kvkit::plan_decode(kvkit::decode_shape_for(int4, batch, 32), lens, 132);
+      const auto h = kvkit::plan_decode(kvkit::decode_shape_for(int4_hnd, batch, 32), lens, 132);
+      REQUIRE(n.ok());
+      REQUIRE(h.ok());
+      CHECK(n->two_tiles == h->two_tiles);
+      CHECK(n->chunk_tokens == h->chunk_tokens);
+    }
+  }
 }
 
 TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {

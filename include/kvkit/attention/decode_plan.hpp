@@ -17,6 +17,7 @@
 
 #include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/error.hpp"
+#include "kvkit/layout/page_layout.hpp"
 
 namespace kvkit {
 
@@ -39,6 +40,11 @@ struct decode_shape {
   //! may keep its sequences whole where it would otherwise be split for four resident blocks
   //! (plan_decode); with smaller pages, or none given, it is split.
   std::int32_t page_size = 0;
+  //! Element order of the cache's pages (decode_shape_for fills it in). It only steers the choice
+  //! of kernel: an int4 cache in HND pages keeps the one-tile kernel where NHD pages take the
+  //! two-tile one with 2048 keys a block (decode_plan::two_tiles). A plan made for either order
+  //! decodes a cache of the other correctly.
+  kv_order order = kv_order::nhd;
 
   [[nodiscard]] constexpr std::int32_t group_size() const {
     return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
@@ -75,8 +81,8 @@ inline constexpr bool decode_kv_scaled_one_width =
      Layout::v_codec::scaling == kv_scaling::per_token_group);
 
 //! The decode_shape of a batch of `batch_size` sequences with `num_q_heads` query heads over a
-//! cache of `layout` (its KV heads, head dim, kv_bits and kv_scaled_one_width), attending within
-//! `window` (0: no window).
+//! cache of `layout` (its KV heads, head dim, kv_bits, kv_scaled_one_width, page size and, where
+//! the layout has one, element order), attending within `window` (0: no window).
 template <class Layout>
 requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec> &&
     requires(const Layout& l) {
@@ -87,14 +93,18 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
 [[nodiscard]] constexpr decode_shape decode_shape_for(const Layout& layout, std::int32_t batch_size,
                                                       std::int32_t num_q_heads,
                                                       std::int32_t window = 0) {
-  return {batch_size,
-          num_q_heads,
-          layout.num_kv_heads(),
-          layout.head_dim(),
-          window,
-          decode_kv_bits<Layout>,
-          decode_kv_scaled_one_width<Layout>,
-          layout.page_size()};
+  decode_shape shape{batch_size,
+                     num_q_heads,
+                     layout.num_kv_heads(),
+                     layout.head_dim(),
+                     window,
+                     decode_kv_bits<Layout>,
+                     decode_kv_scaled_one_width<Layout>,
+                     layout.page_size()};
+  if constexpr (requires { Layout::order; }) {
+    shape.order = Layout::order;
+  }
+  return shape;
 }
 
 //! Thread blocks of the decode kernel resident on one multiprocessor for a cache of `kv_bits`
@@ -297,8 +307,11 @@ template <class Lengths>
 // each (int4: B=8, L=2048 14-18% faster, B=32, L=512 13%, B=32, L=2048 5-10%; int8 at B=32,
 // L=512 11%); more blocks, or longer ones, run faster as four blocks of one-tile warps (int4:
 // B=64, L=2048 13% and B=32, L=8192 2-4% slower with two tiles), and fewer gain nothing (int4
-// B=1, L=2048 0-6% slower). A cache whose K and V differ in width (no two-tile form) keeps the
-// one-tile kernel's plan.
+// B=1, L=2048 0-6% slower). The block length is the evenly cut chunk in NHD pages (int4 at B=8,
+// L=8192, 4 splits of 2048 keys: 3.6-8.4% faster than the one-tile kernel's 8 splits of 1024),
+// and the chunk as grown in HND pages, where int4's one-tile kernel goes without the L2 prefetch
+// and read 1.3-3.1% faster than the two-tile one at that shape (2112 keys, over the bound). A
+// cache whose K and V differ in width (no two-tile form) keeps the one-tile kernel's plan.
 template <class Lengths>
 [[nodiscard]] constexpr decode_plan choose_splits(const decode_shape& shape, Lengths&& lengths,
                                                   std::int64_t max_len, std::int32_t sm_count) {
@@ -306,11 +319,14 @@ template <class Lengths>
   bool two_tiles = false;
   std::int64_t chunk = 0;
   if (two_tiles_cache(shape)) {
-    chunk = chunk_for(shape, lengths, max_len, sms, 2);
-    const std::int64_t blocks = block_count(shape, lengths, chunk);
+    const std::int64_t grown = chunk_for(shape, lengths, max_len, sms, 2);
+    chunk = even_chunk(shape, lengths, max_len, grown);
+    // NHD pages decide on the evenly cut chunk, HND pages on the chunk as grown (see above).
+    const std::int64_t decided = shape.order == kv_order::hnd ? grown : chunk;
+    const std::int64_t blocks = block_count(shape, lengths, decided);
     two_tiles = (shape.kv_bits == 8 && max_len >= decode_plan::two_tiles_min_keys) ||
-                (chunk >= 4 * decode_plan::tile_tokens && chunk <= 32 * decode_plan::tile_tokens &&
-                 blocks > sms && blocks <= 2 * sms);
+                (decided >= 4 * decode_plan::tile_tokens &&
+                 decided <= 32 * decode_plan::tile_tokens && blocks > sms && blocks <= 2 * sms);
   }
   if (!two_tiles) {
     chunk = chunk_for(shape, lengths, max_len, sms,
