@@ -329,10 +329,11 @@ template <class Lengths>
                  decided <= 32 * decode_plan::tile_tokens && blocks > sms && blocks <= 2 * sms);
   }
   if (!two_tiles) {
-    chunk = chunk_for(shape, lengths, max_len, sms,
-                      decode_blocks_per_sm(shape.kv_bits, shape.head_dim, shape.group_size()));
+    chunk = even_chunk(
+        shape, lengths, max_len,
+        chunk_for(shape, lengths, max_len, sms,
+                  decode_blocks_per_sm(shape.kv_bits, shape.head_dim, shape.group_size())));
   }
-  chunk = even_chunk(shape, lengths, max_len, chunk);
   decode_plan plan;
   plan.shape = shape;
   plan.chunk_tokens = static_cast<std::int32_t>(chunk);
