@@ -68,6 +68,17 @@ int chunk_override() {
   }();
   return chunk;
 }
+// KVKIT_DECODE_LAUNCH=late: no read of the page table or the cache before the wait for the launch
+// before (page_table_ready and cache_ready_but_last_page off); =plain: that, and each launch a
+// plain one, not a programmatic dependent. Unset or anything else: the defaults described above.
+int launch_override() { // 0: the defaults, 1: late, 2: plain
+  static const int mode = [] {
+    const char* v = std::getenv("KVKIT_DECODE_LAUNCH");
+    const std::string m = v == nullptr ? "" : v;
+    return m == "late" ? 1 : (m == "plain" ? 2 : 0);
+  }();
+  return mode;
+}
 int two_tiles_override() { // -1: the plan's
   static const int two = [] {
     const char* v = std::getenv("KVKIT_DECODE_TWO_TILES");
@@ -274,8 +285,9 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     a.workspace_zeroed = true;
     // The page table is written once, before the loop, and the cache too: no launch of the loop
     // writes either.
-    a.page_table_ready = true;
-    a.cache_ready_but_last_page = true;
+    a.page_table_ready = launch_override() == 0;
+    a.cache_ready_but_last_page = launch_override() == 0;
+    a.dependent_launch = launch_override() != 2;
   }
   int next = 0;
   const auto launch = [&] {
