@@ -3,9 +3,10 @@
 // page sizes 1 to 128, wildly different lengths in one batch, split and unsplit paths, GQA groups
 // 1 to 16, head dims 64/128/256, window, soft cap, the graph-safe mode under CUDA graph replay,
 // and the debug page-id check. fp8, int8 and int4 cases at head dim up to 128 run both decode
-// kernels: the two-tile one where the grid has at most one block per SM (one split or a few) or
+// kernels: the two-tile one where the grid has at most one block per SM (one split or a few), where
 // the plan chose it (int8 wherever the longest sequence has 2048 keys or more; int8 and int4
-// where two blocks per SM make one wave), the one-tile one elsewhere.
+// where two blocks per SM make one wave) or, for fp8, where whole sequences of 2048 keys or more
+// make one wave of two blocks per SM, the one-tile one elsewhere.
 
 #include <algorithm>
 #include <cmath>
@@ -330,6 +331,33 @@ TEST_CASE("paged_decode: int4 on a grid of at most one block per SM runs blocks 
     check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
         paged_layout<kvkit::int4_group_codec<32>>(16, 8, 64), 4, {len}, seed + 7);
   }
+}
+
+TEST_CASE("paged_decode: fp8 whole sequences in one wave of two blocks per SM", "[cuda][decode]") {
+  // 32 sequences of 2048 keys or more over 8 KV heads, planned for 132 SMs: whole sequences (256
+  // blocks) and no two_tiles in the plan, which the launcher runs on the two-tile kernel on a
+  // device of 128 to 255 SMs (the H200's 132), and on the one-tile kernel elsewhere. Lengths vary
+  // by up to 96 keys, so the last tiles and pages are partial.
+  const std::uint64_t seed = kvkit_test::test_seed(0xF8B3);
+  std::vector<std::int32_t> lens(32);
+  for (std::size_t i = 0; i < lens.size(); ++i) {
+    lens[i] = 2048 + static_cast<std::int32_t>(i * 37 % 97);
+  }
+  using fp8_hnd = paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
+  const paged_layout<kvkit::fp8_e4m3_codec> nhd(16, 8, 128);
+  const fp8_hnd hnd(16, 8, 128);
+  for (const kvkit::decode_shape& shape :
+       {kvkit::decode_shape_for(nhd, 32, 16), kvkit::decode_shape_for(hnd, 32, 16)}) {
+    const auto plan = kvkit::plan_decode(shape, lens, 132);
+    REQUIRE(plan.ok());
+    INFO("chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
+    REQUIRE(plan->max_splits == 1);
+    REQUIRE(plan->chunk_tokens >= kvkit::decode_plan::two_tiles_min_keys);
+    REQUIRE(!plan->two_tiles);
+  }
+  check_decode<128, paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>(nhd, 2, lens, seed, {},
+                                                                        132);
+  check_decode<128, fp8_hnd, __nv_bfloat16>(hnd, 2, lens, seed + 1, {}, 132);
 }
 
 TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][decode]") {

@@ -134,8 +134,9 @@ struct decode_plan {
   //! scales (int8) whose longest sequence attends two_tiles_min_keys keys or more, and an int8 or
   //! int4 cache whose blocks of 256 to 2048 keys fill one wave of two blocks per multiprocessor
   //! (more blocks than multiprocessors, at most twice as many). The launcher also runs that
-  //! kernel, for fp8 and int8, on a grid of at most one block per multiprocessor whatever this
-  //! says.
+  //! kernel, for fp8 and int8, on a grid of at most one block per multiprocessor, and on a grid of
+  //! whole sequences of two_tiles_min_keys keys or more that makes one wave of two blocks per
+  //! multiprocessor (fp8 at B=32), whatever this says.
   bool two_tiles = false;
 
   //! Keys a thread block processes per step of its four warps (each warp takes 16).
