@@ -1935,9 +1935,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 // there) and on a grid of whole sequences of two_tiles_min_keys keys or more that makes one wave
 // of two blocks per multiprocessor (for fp8, whose plan does not choose the two-tile kernel: it
 // cannot tell fp8 K and V from fp8 K with bf16 V, which has no two-tile form; H200, fp8 at B=32
-// with 8 KV heads, L=2048 to 32768: 0.6-2.2% faster, in NHD and HND pages, where grids of more
-// blocks or of split sequences were 2-11% slower with it). Every other launch runs the one-tile
-// kernel.
+// with 8 KV heads: 0.1-0.9% faster at L=2048, 0.7-2.6% from L=8192, in NHD and HND pages, where
+// grids of more blocks or of split sequences were 2-11% slower with it). Every other launch runs
+// the one-tile kernel.
 template <class Layout, class T, int D, int NT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream) {
