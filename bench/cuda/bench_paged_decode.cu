@@ -49,7 +49,16 @@
 
 namespace {
 
-constexpr std::int32_t kv_heads = 8;
+// KV heads of every row: 8, or KVKIT_DECODE_KV_HEADS (1 to 64) to see what the distance between a
+// page's K and V regions (page size x KV heads x head dim x element bytes) does with a page size.
+std::int32_t kv_heads() {
+  static const std::int32_t heads = [] {
+    const char* v = std::getenv("KVKIT_DECODE_KV_HEADS");
+    const int n = v == nullptr ? 0 : std::atoi(v);
+    return n >= 1 && n <= 64 ? n : 8;
+  }();
+  return heads;
+}
 constexpr std::int32_t head_dim = 128;
 constexpr std::int64_t cache_tokens = 128LL * 32768; // the largest shape
 constexpr double rotate_bytes = 512e6;               // keys in flight over all rotations
@@ -76,6 +85,21 @@ int launch_override() { // 0: the defaults, 1: late, 2: plain
     const char* v = std::getenv("KVKIT_DECODE_LAUNCH");
     const std::string m = v == nullptr ? "" : v;
     return m == "late" ? 1 : (m == "plain" ? 2 : 0);
+  }();
+  return mode;
+}
+// KVKIT_DECODE_PAGE_ORDER=sequential: the pool's pages in order (a sequence's pages adjacent)
+// instead of shuffled; =N (a positive integer): shuffled with seed N instead of the default
+// stream. For telling what page placement costs from what the kernel does with a page size.
+long page_order_override() { // 0: the default shuffle, -1: sequential, N > 0: that seed
+  static const long mode = [] {
+    const char* v = std::getenv("KVKIT_DECODE_PAGE_ORDER");
+    const std::string m = v == nullptr ? "" : v;
+    if (m == "sequential") {
+      return -1L;
+    }
+    const long n = std::atol(m.c_str());
+    return n > 0 ? n : 0L;
   }();
   return mode;
 }
@@ -148,19 +172,19 @@ cache_context* context_for(const std::string& name, std::int32_t page_size) {
   auto ctx = std::make_unique<cache_context>();
   ctx->name = name;
   ctx->page_size = page_size;
-  const Layout layout(page_size, kv_heads, head_dim);
+  const Layout layout(page_size, kv_heads(), head_dim);
   ctx->bytes_per_page = layout.bytes_per_page();
   ctx->capacity = static_cast<std::int32_t>(cache_tokens / page_size);
   if (cudaMalloc(&ctx->cache, static_cast<std::size_t>(ctx->capacity) *
                                   static_cast<std::size_t>(ctx->bytes_per_page)) != cudaSuccess ||
-      cudaMalloc(&ctx->scales, 2 * kv_heads * sizeof(float)) != cudaSuccess) {
+      cudaMalloc(&ctx->scales, 2 * kv_heads() * sizeof(float)) != cudaSuccess) {
     return nullptr;
   }
-  const std::vector<float> scales(2 * kv_heads, 4.0F / 448.0F);
+  const std::vector<float> scales(2 * kv_heads(), 4.0F / 448.0F);
   cudaMemcpy(ctx->scales, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice);
   // Random values (uniform in [-4, 4)) quantized into every page, a batch of pages at a time.
   const std::int32_t batch = std::max<std::int32_t>(1, 65536 / page_size);
-  const auto elems = static_cast<std::size_t>(batch) * page_size * kv_heads * head_dim;
+  const auto elems = static_cast<std::size_t>(batch) * page_size * kv_heads() * head_dim;
   std::vector<__nv_bfloat16> host(elems);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> d(-4.0F, 4.0F);
@@ -186,7 +210,12 @@ cache_context* context_for(const std::string& name, std::int32_t page_size) {
   cudaFree(ids);
   ctx->order.resize(static_cast<std::size_t>(ctx->capacity));
   std::iota(ctx->order.begin(), ctx->order.end(), 0);
-  std::shuffle(ctx->order.begin(), ctx->order.end(), rng);
+  if (const long order = page_order_override(); order == 0) {
+    std::shuffle(ctx->order.begin(), ctx->order.end(), rng);
+  } else if (order > 0) {
+    std::mt19937 seeded(static_cast<std::uint32_t>(order));
+    std::shuffle(ctx->order.begin(), ctx->order.end(), seeded);
+  }
   // The memcpy peer: 1 GB device to device, inside the cache.
   const std::size_t copy = std::min<std::size_t>(
       1ULL << 30, static_cast<std::size_t>(ctx->capacity) * ctx->bytes_per_page / 2);
@@ -209,8 +238,8 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     state.SkipWithError("cache allocation failed");
     return;
   }
-  const Layout layout(page_size, kv_heads, head_dim);
-  const std::int32_t q_heads = group * kv_heads;
+  const Layout layout(page_size, kv_heads(), head_dim);
+  const std::int32_t q_heads = group * kv_heads();
   const std::int32_t pages_per_seq = (len + page_size - 1) / page_size;
   const std::int64_t pages = static_cast<std::int64_t>(batch) * pages_per_seq;
   // The useful bytes: whole pages' K/V and scales, plus q and out in bf16.

@@ -397,6 +397,32 @@ TEST_CASE("plan_decode plans an int4 cache for the two-tile kernel where one wav
   }
 }
 
+TEST_CASE("one_wave_of_two holds for more blocks than multiprocessors, at most twice as many",
+          "[attention][plan]") {
+  using kvkit::detail::one_wave_of_two;
+  STATIC_REQUIRE(!one_wave_of_two(0, 132));
+  STATIC_REQUIRE(!one_wave_of_two(132, 132)); // one block a multiprocessor at most
+  STATIC_REQUIRE(one_wave_of_two(133, 132));
+  STATIC_REQUIRE(one_wave_of_two(256, 132));
+  STATIC_REQUIRE(one_wave_of_two(264, 132));
+  STATIC_REQUIRE(!one_wave_of_two(265, 132)); // a second wave at two a multiprocessor
+  STATIC_REQUIRE(!one_wave_of_two(1, 1));
+  STATIC_REQUIRE(one_wave_of_two(2, 1));
+  // The int4 plans of the case above that take the two-tile kernel are all such grids.
+  const kvkit::paged_layout<kvkit::int4_group_codec<32>> int4(16, 8, 128);
+  for (const std::int32_t batch : {1, 8, 16, 32, 64}) {
+    for (const std::int32_t len : {512, 1024, 2048, 4096}) {
+      const auto p = kvkit::plan_decode(kvkit::decode_shape_for(int4, batch, 32),
+                                        std::vector<std::int32_t>(batch, len), 132);
+      REQUIRE(p.ok());
+      INFO("B=" << batch << " L=" << len << " splits " << p->max_splits);
+      if (p->two_tiles) {
+        CHECK(one_wave_of_two(static_cast<std::int64_t>(p->max_splits) * batch * 8, 132));
+      }
+    }
+  }
+}
+
 TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {
   const std::vector<std::int32_t> lens{1, 2};
   CHECK(kvkit::plan_decode({2, 8, 2, 128, 0}, lens, 132).ok());

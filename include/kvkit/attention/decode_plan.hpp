@@ -299,6 +299,13 @@ template <class Lengths>
              : chunk;
 }
 
+// Whether a grid of `blocks` thread blocks makes one wave of two blocks per multiprocessor on a
+// device of `sms`: more blocks than multiprocessors, at most twice as many. The plan's choice of
+// the two-tile kernel (choose_splits) and the launcher's (kvkit::cuda::paged_decode) both ask it.
+[[nodiscard]] constexpr bool one_wave_of_two(std::int64_t blocks, std::int64_t sms) {
+  return blocks > sms && blocks <= 2 * sms;
+}
+
 // The splits, and the kernel they are cut for: the two-tile kernel at two blocks per SM
 // (decode_plan::two_tiles) or the one-tile kernel at decode_blocks_per_sm. An int8 cache takes
 // the two-tile kernel whenever its longest sequence attends two_tiles_min_keys keys or more (its
@@ -327,7 +334,7 @@ template <class Lengths>
     const std::int64_t blocks = block_count(shape, lengths, decided);
     two_tiles = (shape.kv_bits == 8 && max_len >= decode_plan::two_tiles_min_keys) ||
                 (decided >= 4 * decode_plan::tile_tokens &&
-                 decided <= 32 * decode_plan::tile_tokens && blocks > sms && blocks <= 2 * sms);
+                 decided <= 32 * decode_plan::tile_tokens && one_wave_of_two(blocks, sms));
   }
   if (!two_tiles) {
     chunk = even_chunk(

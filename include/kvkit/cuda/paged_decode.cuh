@@ -1951,8 +1951,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   if constexpr (decode_two_tiles_fit<typename Layout::k_codec, typename Layout::v_codec, D, NT>()) {
     constexpr bool eight_bit = frag<typename Layout::k_codec, D>::bits == 8;
     const bool whole_wave = plan.max_splits == 1 &&
-                            plan.chunk_tokens >= decode_plan::two_tiles_min_keys && blocks > sms &&
-                            blocks <= 2 * static_cast<std::int64_t>(sms);
+                            plan.chunk_tokens >= decode_plan::two_tiles_min_keys &&
+                            kvkit::detail::one_wave_of_two(blocks, sms);
     if ((((small_grid || whole_wave) && eight_bit) || plan.two_tiles) &&
         plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
       return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, sms);
