@@ -1744,13 +1744,12 @@ std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_pl
 }
 
 // One launch of the kernel taking KT tiles a step with blocks of W warps on `device`, which has
-// `sms` multiprocessors.
+// `sms` multiprocessors, for a grid of `blocks` (decode_grid_blocks).
 template <class Layout, class T, int D, int NT, int KT, int W = decode_warps>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
-                          cudaStream_t stream, int device, std::int32_t sms) {
+                          cudaStream_t stream, int device, std::int32_t sms, std::int64_t blocks) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  const std::int64_t blocks = decode_grid_blocks(a, plan);
   const bool small_grid = blocks <= sms;
   decode_params<Layout, T> p{};
   p.layout = a.layout;
@@ -1955,7 +1954,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                             kvkit::detail::one_wave_of_two(blocks, sms);
     if ((((small_grid || whole_wave) && eight_bit) || plan.two_tiles) &&
         plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
-      return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, sms);
+      return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, sms, blocks);
     }
   }
   using K = typename Layout::k_codec;
@@ -1966,10 +1965,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     if (small_grid && plan.chunk_tokens >= 2 * decode_wide_warps * 16 &&
         wide_smem <= decode_smem_optin(device)) {
       return launch_decode<Layout, T, D, NT, 1, decode_wide_warps>(a, plan, workspace, stream,
-                                                                   device, sms);
+                                                                   device, sms, blocks);
     }
   }
-  return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, sms);
+  return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, sms, blocks);
 }
 
 } // namespace detail
