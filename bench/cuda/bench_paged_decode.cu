@@ -1,16 +1,17 @@
 // paged_decode throughput: Llama-3-8B attention shapes (8 KV heads, head dim 128, groups 4 and 8)
 // for B in {1, 8, 32, 64, 128} x L in {512, 2048, 8192, 32768}, every codec family, page size 16,
-// plus a page-size sweep (1 to 64). Pages are scattered at random over a cache of 4 M tokens,
-// filled through quantize_pages from random values, and small shapes rotate over disjoint page
-// sets so that no launch finds its keys in the 60 MB L2. Time per call comes from a back-to-back
-// loop of launches between two events (median of 7 loops). The paged_decode_graph rows capture
-// the same loop, planned with plan_decode_graph_safe, in a CUDA graph and time its replays, as an
-// engine that runs its decode step from a graph would see the kernel. Launches use the defaults
-// an engine would (each a programmatic dependent of the one before) and a workspace zeroed once
-// at allocation (decode_args::workspace_zeroed, so split shapes need no memset before each); the
-// page table is written before the loop (decode_args::page_table_ready) and no launch of the loop
-// writes the cache (decode_args::cache_ready_but_last_page: an engine's decode step follows the
-// kernel that appends each sequence's token to its last page, which that promise allows).
+// plus a page-size sweep (bf16: 1, 2, 4, 8, 16, 32 and 64; fp8 and int4: 1, 16 and 64). Pages are
+// scattered at random over a cache of 4 M tokens, filled through quantize_pages from random values,
+// and small shapes rotate over disjoint page sets so that no launch finds its keys in the 60 MB L2.
+// Time per call comes from a back-to-back loop of launches between two events (median of 7 loops).
+// The paged_decode_graph rows capture the same loop, planned with plan_decode_graph_safe, in a CUDA
+// graph and time its replays, as an engine that runs its decode step from a graph would see the
+// kernel. Launches use the defaults an engine would (each a programmatic dependent of the one
+// before) and a workspace zeroed once at allocation (decode_args::workspace_zeroed, so split shapes
+// need no memset before each); the page table is written before the loop
+// (decode_args::page_table_ready) and no launch of the loop writes the cache
+// (decode_args::cache_ready_but_last_page: an engine's decode step follows the kernel that appends
+// each sequence's token to its last page, which that promise allows).
 //
 // A last row launches an empty kernel the same way (paged_decode_launch/empty_kernel): the host
 // time of the launch alone, for the stream rows' host_us (the host's time to queue a call).
@@ -507,7 +508,7 @@ void BM_launch_peer(benchmark::State& state) {
 
 const bool registered = [] {
   using kvkit::paged_layout;
-  register_codec<paged_layout<kvkit::bf16_codec>>("bf16", {16, 1, 8, 32, 64}, true);
+  register_codec<paged_layout<kvkit::bf16_codec>>("bf16", {16, 1, 2, 4, 8, 32, 64}, true);
   register_codec<paged_layout<kvkit::bf16_codec, kvkit::bf16_codec, kvkit::kv_order::hnd>>(
       "bf16_hnd", {16}, false);
   register_codec<paged_layout<kvkit::fp8_e4m3_codec>>("fp8_e4m3", {16, 1, 64}, true);
