@@ -516,7 +516,7 @@ const bool registered = [] {
   // Quantized caches in the HND order, each compared with bf16_hnd: a head's rows of a page are
   // contiguous there (a 16-token page of one head: 2 KB of fp8 K), where in NHD each 128-byte
   // (fp8) or 64-byte (int4) row sits between the other heads' rows of its token
-  // (docs/performance.md).
+  // (docs/paged_decode_log.md).
   register_codec<paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kvkit::kv_order::hnd>>(
       "fp8_e4m3_hnd", {16}, false);
   register_codec<

@@ -813,8 +813,8 @@ __launch_bounds__(W * 32, (W == decode_warps
   // without. The same prefetch made bf16 and fp8 5-12% slower and int4 with 1-token pages 17-38%
   // slower. In HND pages (a head's rows of a page contiguous, half the L2 requests of NHD's 64-byte
   // rows) int4 goes without as well: 2-6% faster at B=8, L=8192 and at L=512 from B=64, 0.5-0.8%
-  // slower at L=32768. Warps with no tile past the prologue skip it (docs/performance.md). Every
-  // other kernel places its rows late, when their copies are issued (below).
+  // slower at L=32768. Warps with no tile past the prologue skip it (docs/paged_decode_log.md).
+  // Every other kernel places its rows late, when their copies are issued (below).
   constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4 && KT == 1 && W == decode_warps &&
                                 Layout::order == kv_order::nhd);
   const bool warm_rows = !place_late && layout.page_size() >= 16 && my_tiles > stages;
