@@ -525,6 +525,71 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
   }
 }
 
+// A quantized cache's one-wave grid of split sequences, launched as a programmatic dependent with
+// the page table and the cache but each sequence's last page read ahead of its wait, while the
+// kernel before it writes the queries and the last pages late; two launches back to back, so
+// that the second follows a decode that signalled it early.
+template <class Layout>
+void check_early_split_grid(const Layout& layout, std::int32_t sm_count, std::uint64_t seed) {
+  std::vector<std::int32_t> lens(24);
+  for (std::size_t i = 0; i < lens.size(); ++i) {
+    lens[i] = 1100 + static_cast<std::int32_t>(i * 389 % 1001);
+  }
+  const std::int32_t q_heads = 2 * layout.num_kv_heads();
+  const kvkit::decode_shape shape =
+      kvkit::decode_shape_for(layout, static_cast<std::int32_t>(lens.size()), q_heads);
+  const auto plan = kvkit::plan_decode(shape, lens, sm_count);
+  REQUIRE(plan.ok());
+  std::int64_t blocks = 0;
+  for (const std::int32_t len : lens) {
+    blocks += (len + plan->chunk_tokens - 1) / plan->chunk_tokens * layout.num_kv_heads();
+  }
+  INFO("seed " << seed << " chunk " << plan->chunk_tokens << " splits " << plan->max_splits
+               << " blocks " << blocks);
+  REQUIRE(plan->max_splits > 1);
+  REQUIRE(plan->chunk_tokens >= kvkit::decode_plan::early_read_min_chunk);
+  REQUIRE(blocks > 132);
+  REQUIRE(blocks <= 2 * 132);
+  std::int32_t pages = 0;
+  for (const auto len : lens) {
+    pages += (len + layout.page_size() - 1) / layout.page_size();
+  }
+  problem<Layout> pr(layout, pages + 7, seed);
+  const std::vector<kvkit_test::decode_step> steps{
+      pr.template make_step<__nv_bfloat16>(lens, q_heads)};
+  kvkit_test::decode_mode mode;
+  mode.sm_count = sm_count;
+  mode.repeats = 2;
+  mode.late_queries = true;
+  mode.page_table_ready = true;
+  mode.late_last_pages = true;
+  const auto got = kvkit_test::run_decode<128, Layout, __nv_bfloat16>(
+      layout, pr.cache, pr.capacity, shape, steps, pr.scales, {}, mode);
+  INFO("error " << cudaGetErrorString(got.error));
+  REQUIRE(got.error == cudaSuccess);
+  const errors e =
+      compare<Layout, __nv_bfloat16>(pr, steps[0], q_heads, {}, got.out[0], got.lse[0]);
+  INFO("relative error " << e.out_rel << ", lse error " << e.lse_abs);
+  CHECK(e.all_finite);
+  CHECK(e.out_rel < bound<Layout, __nv_bfloat16>());
+  CHECK(e.lse_abs < 2e-2);
+}
+
+TEST_CASE("paged_decode: quantized one-wave grids of split sequences read ahead of their wait",
+          "[cuda][decode]") {
+  // 24 sequences of 1100 to 2100 keys over 4 KV heads, 8-token pages, planned so that every
+  // sequence takes 2 splits of at least decode_plan::early_read_min_chunk keys: 184 blocks, one
+  // wave and more than one block per SM on the H200's 132 SMs, where such a grid signals its
+  // dependents early and reads ahead of its wait (elsewhere it runs the ordinary way; the results
+  // are the same). fp8 on the one-tile kernel, int8 on the two-tile one, int4 in HND pages.
+  const std::uint64_t seed = kvkit_test::test_seed(0xEA51);
+  check_early_split_grid(paged_layout<kvkit::fp8_e4m3_codec>(8, 4, 128), 48, seed);
+  check_early_split_grid(paged_layout<kvkit::int8_codec>(8, 4, 128), 96, seed + 1);
+  using int4_hnd =
+      paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
+  check_early_split_grid(int4_hnd(8, 4, 128), 48, seed + 2);
+}
+
 TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothing outside",
           "[cuda][decode]") {
   const std::uint64_t seed = kvkit_test::test_seed(0xBAD);

@@ -65,8 +65,9 @@ struct decode_args {
   //! memory, so the result is the same. A grid of at most one block per multiprocessor (a small
   //! batch) also lets the launch after it start once its blocks are past their keys (that
   //! launch, if it is a dependent launch, still waits for this one's results), and so does a
-  //! grid of a 16-bit cache whose blocks are all resident at once, with page_table_ready. False:
-  //! an ordinary launch in stream order.
+  //! grid whose blocks are all resident at once, with page_table_ready, of a 16-bit cache or of
+  //! a quantized one split in chunks of 1024 keys or more. False: an ordinary launch in stream
+  //! order.
   bool dependent_launch = true;
   //! The caller zeroed the workspace once (cudaMemset of all of it, before its first launch) and
   //! uses it for nothing but these launches: each launch leaves its counters at zero again, so
@@ -80,10 +81,9 @@ struct decode_args {
   //! waits for that kernel, and its two dependent round trips (the sequence's extent, then its
   //! page ids) overlap that kernel's end. The queries, the cache and everything else are still
   //! read after the wait. Used by the grids that signal their own dependents early (at most one
-  //! block per multiprocessor, or a 16-bit cache's grid whose blocks are all resident at once),
-  //! so that a decode after such a decode is placed early and has time to read; a larger grid
-  //! reads the queries first and the table after the wait, which measured faster there. False:
-  //! every read waits.
+  //! block per multiprocessor, or all resident at once: see dependent_launch), so that a decode
+  //! after such a decode is placed early and has time to read; a larger grid reads the queries
+  //! first and the table after the wait, which measured faster there. False: every read waits.
   bool page_table_ready = false;
   //! With page_table_ready: the kernel the decode follows on the stream, and any still running
   //! before it, writes no cache page of the batch's sequences but each sequence's last (as a
@@ -1858,14 +1858,21 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // its K and V are 16-bit, and all its blocks are resident at once (one wave: no later block of
   // it needs the places the next launch's waiting blocks take). H200, bf16 in a stream loop:
   // B=8, L=512 17-20% faster, B=1, L=8192 (256 blocks) 12-13%, B=8, L=2048 9-11%, B=32, L=512
-  // 4-5%, B=8, L=8192 1-4%, the other one-wave rows within 0.6% either way. Not for quantized
-  // caches, whose four blocks a multiprocessor (or two-tile blocks) gained at some shapes and
-  // lost up to 15% at others (int4 B=32, L=512), and not without the early reads: the early
-  // signal alone made every grid it applied to 0.2-12% slower. Grids larger than a wave keep the
-  // ordinary order (int4 B=32, L=512 10% slower with an early signal), and reading the table
-  // before the wait, with the queries after it, was 2-7% slower there (the wait ends at once).
+  // 4-5%, B=8, L=8192 1-4%, the other one-wave rows within 0.6% either way. A quantized cache
+  // does so only where its sequences are split, in chunks of at least early_read_min_chunk keys
+  // (H200, fp8, int8 and int4 in both orders: B=8, L=8192 2.5-5.3% faster, L=32768 from 0.4%
+  // slower to 1.4% faster; int4 at B=32 in 2 splits: L=8192 0.7-1.2% faster, L=32768 from 1.2%
+  // slower to 0.8% faster). Shorter splits were mixed (B=8, L=2048 in splits of 512 from 15%
+  // faster to 3.7% slower) or lost (B=8 and B=32, L=512: 2.6-15% slower), and whole sequences
+  // gained nothing (B=32, L=2048 to 32768: within 1.8% either way). Not without the early reads:
+  // the early signal alone made every grid it applied to 0.2-12% slower. Grids larger than a
+  // wave keep the ordinary order (int4 B=32, L=512 10% slower with an early signal), and reading
+  // the table before the wait, with the queries after it, was 2-7% slower there (the wait ends
+  // at once).
   bool early = small_grid;
-  if constexpr (frag<K, D>::bits == 16 && frag<V, D>::bits == 16) {
+  const bool sixteen_bit = frag<K, D>::bits == 16 && frag<V, D>::bits == 16;
+  if (sixteen_bit ||
+      (plan.max_splits > 1 && plan.chunk_tokens >= decode_plan::early_read_min_chunk)) {
     if (dependent && !small_grid && a.page_table_ready) {
       // Blocks of this kernel resident per multiprocessor.
       std::int32_t resident = 0;
