@@ -179,16 +179,22 @@ merged expected_merge(std::int32_t max_splits, bool cluster_device) {
                                                                                 : merged::workspace;
 }
 
+// Pages that sequences of `lens` tokens fill.
+template <class Layout>
+std::int32_t pages_for(const Layout& layout, const std::vector<std::int32_t>& lens) {
+  std::int32_t pages = 0;
+  for (const std::int32_t len : lens) {
+    pages += (len + layout.page_size() - 1) / layout.page_size();
+  }
+  return pages;
+}
+
 template <int D, class Layout, class T>
 void check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
                   std::uint64_t seed, const kvkit::attention_options& options = {},
                   std::int32_t sm_count = 132) {
   const std::int32_t q_heads = group * layout.num_kv_heads();
-  std::int32_t pages = 0;
-  for (const auto len : lens) {
-    pages += (len + layout.page_size() - 1) / layout.page_size();
-  }
-  problem<Layout> pr(layout, pages + 7, seed);
+  problem<Layout> pr(layout, pages_for(layout, lens) + 7, seed);
   const auto step = pr.template make_step<T>(lens, q_heads);
   const kvkit::decode_shape shape = kvkit::decode_shape_for(
       layout, static_cast<std::int32_t>(lens.size()), q_heads, options.window);
@@ -550,11 +556,7 @@ void check_early_split_grid(const Layout& layout, std::int32_t sm_count, std::ui
   REQUIRE(plan->chunk_tokens >= kvkit::decode_plan::early_read_min_chunk);
   REQUIRE(blocks > 132);
   REQUIRE(blocks <= 2 * 132);
-  std::int32_t pages = 0;
-  for (const auto len : lens) {
-    pages += (len + layout.page_size() - 1) / layout.page_size();
-  }
-  problem<Layout> pr(layout, pages + 7, seed);
+  problem<Layout> pr(layout, pages_for(layout, lens) + 7, seed);
   const std::vector<kvkit_test::decode_step> steps{
       pr.template make_step<__nv_bfloat16>(lens, q_heads)};
   kvkit_test::decode_mode mode;
