@@ -200,10 +200,12 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
       counter_bytes = std::max(counter_bytes, p.counter_bytes());
     }
   }
+  // The workspace and, in the same allocation, a guard past its end that no launch may touch.
+  constexpr std::size_t guard_bytes = 256;
   std::byte* d_ws = nullptr;
-  KVKIT_TRY(mem.alloc(d_ws, ws_bytes));
+  KVKIT_TRY(mem.alloc(d_ws, ws_bytes + guard_bytes));
   // Garbage, not zeros: the launcher owes the workspace no initialization.
-  KVKIT_TRY(cudaMemset(d_ws, 0xA5, std::max<std::size_t>(ws_bytes, 1)));
+  KVKIT_TRY(cudaMemset(d_ws, 0xA5, ws_bytes + guard_bytes));
   if (mode.workspace_zeroed && counter_bytes > 0) {
     KVKIT_TRY(cudaMemset(d_ws, 0, counter_bytes));
   }
@@ -300,10 +302,13 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   }
   cudaStreamDestroy(stream);
   KVKIT_TRY(cudaMemcpy(&out.page_check, d_check, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
-  std::vector<std::uint8_t> ws(ws_bytes);
-  KVKIT_TRY(cudaMemcpy(ws.data(), d_ws, ws_bytes, cudaMemcpyDeviceToHost));
+  std::vector<std::uint8_t> ws(ws_bytes + guard_bytes);
+  KVKIT_TRY(cudaMemcpy(ws.data(), d_ws, ws.size(), cudaMemcpyDeviceToHost));
+  const auto ws_end = ws.begin() + static_cast<std::ptrdiff_t>(ws_bytes);
   out.workspace_written = std::any_of(ws.begin() + static_cast<std::ptrdiff_t>(counter_bytes),
-                                      ws.end(), [](std::uint8_t x) { return x != 0xA5; });
+                                      ws_end, [](std::uint8_t x) { return x != 0xA5; });
+  out.past_workspace_intact =
+      std::all_of(ws_end, ws.end(), [](std::uint8_t x) { return x == 0xA5; });
   out.counters_zero =
       std::all_of(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(counter_bytes),
                   [](std::uint8_t x) { return x == 0; });

@@ -54,6 +54,9 @@ struct decode_outcome {
   bool workspace_written = false;
   bool cluster_device = false;
   bool counters_zero = false; // the workspace's counter bytes all zero after the last launch
+  // Whether the bytes just past the workspace (allocated with it, poisoned) are as they were: no
+  // launch wrote beyond the plan's workspace_bytes().
+  bool past_workspace_intact = false;
 };
 
 // Runs paged_decode_dim<HeadDim> on each step over one device copy of `cache` (capacity pages),

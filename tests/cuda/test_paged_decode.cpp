@@ -211,6 +211,7 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
   CHECK(e.all_finite);
   CHECK(e.out_rel < bound<Layout, T>());
   CHECK(e.lse_abs < 2e-2);
+  CHECK(got.past_workspace_intact);
   // The tests' grids are small enough for every cluster to fit: a plan of up to 8 splits merges in
   // clusters on a device that has them.
   const merged path = got.max_splits <= 1     ? merged::none
@@ -230,6 +231,7 @@ void check_steps(const problem<bf16_nhd>& pr, const std::vector<kvkit_test::deco
     CHECK(e.out_rel < 1e-2);
     CHECK(e.lse_abs < 2e-2);
   }
+  CHECK(got.past_workspace_intact);
 }
 
 } // namespace
@@ -434,6 +436,26 @@ TEST_CASE("paged_decode: a few splits merge through the workspace when their clu
   CHECK(got.max_splits <= kvkit::decode_plan::max_cluster_splits);
   CHECK(got.workspace_written);
   check_steps(pr, steps, q_heads, got);
+}
+
+TEST_CASE("paged_decode: split rows that are not a multiple of four stay inside the workspace",
+          "[cuda][decode]") {
+  // One sequence of one query head (one KV head, group 1) in 17 splits: 17 partial rows, whose
+  // log-sum-exps the launcher rounds up to 20 floats so that the partial outputs after them are
+  // 16-byte aligned. A workspace of exactly plan.workspace_bytes() must hold the last split's
+  // outputs (run_decode allocates that many bytes and checks a poisoned guard after them); and
+  // with 3 and 5 sequences (51 and 85 rows) likewise.
+  const std::uint64_t seed = kvkit_test::test_seed(0x17);
+  const paged_layout<kvkit::bf16_codec> layout(16, 1, 128);
+  for (const std::int32_t batch : {1, 3, 5}) {
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), 2077);
+    const auto plan = kvkit::plan_decode(kvkit::decode_shape_for(layout, batch, 1, 0), lens, 132);
+    REQUIRE(plan.ok());
+    INFO("batch " << batch << " rows " << plan->partial_rows());
+    REQUIRE(plan->max_splits > kvkit::decode_plan::max_cluster_splits); // merged in the workspace
+    REQUIRE(plan->partial_rows() % 4 != 0);
+    check_decode<128, bf16_nhd, __nv_bfloat16>(layout, 1, lens, seed + batch);
+  }
 }
 
 TEST_CASE("paged_decode: one workspace serves plans of different batches in turn",

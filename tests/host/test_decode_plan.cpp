@@ -46,6 +46,41 @@ TEST_CASE("plan_decode splits long sequences to fill the GPU, within its limits"
   CHECK(static_cast<std::int64_t>(windowed->max_splits) * windowed->chunk_tokens < 256 + 2 * 128);
 }
 
+TEST_CASE("a plan's workspace holds every partial result where the kernel puts it",
+          "[attention][plan]") {
+  // The kernel stores partial outputs 16 bytes at a time from partial_outputs_offset(), after the
+  // counters and one log-sum-exp a row; with a row count that is not a multiple of four (one
+  // query head, one sequence, 17 splits) the outputs start past the log-sum-exps' own bytes, and
+  // the workspace must still hold them all.
+  const kvkit::paged_layout<kvkit::bf16_codec> layout(16, 1, 128);
+  for (const std::int32_t batch : {1, 2, 3, 5}) {
+    for (const std::int32_t len : {300, 2077, 2199, 2321, 5000}) {
+      const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
+      const auto plan = kvkit::plan_decode(kvkit::decode_shape_for(layout, batch, 1, 0), lens, 132);
+      REQUIRE(plan.ok());
+      INFO("batch " << batch << " len " << len << " splits " << plan->max_splits);
+      if (plan->max_splits <= 1) {
+        CHECK(plan->workspace_bytes() == 0);
+        continue;
+      }
+      const std::size_t rows = plan->partial_rows();
+      CHECK(rows == static_cast<std::size_t>(batch) * static_cast<std::size_t>(plan->max_splits));
+      CHECK(plan->counter_bytes() % 16 == 0);
+      CHECK(plan->partial_outputs_offset() % 16 == 0);
+      CHECK(plan->partial_outputs_offset() >= plan->counter_bytes() + rows * sizeof(float));
+      CHECK(plan->workspace_bytes() == plan->partial_outputs_offset() + rows * 128 * sizeof(float));
+    }
+  }
+  // The case that once ran past the end: 17 rows, whose log-sum-exps take 68 bytes and the
+  // outputs start 80 bytes after the counters.
+  const auto odd = kvkit::plan_decode(kvkit::decode_shape_for(layout, 1, 1, 0),
+                                      std::vector<std::int32_t>{2077}, 132);
+  REQUIRE(odd.ok());
+  REQUIRE(odd->max_splits == 17);
+  CHECK(odd->partial_outputs_offset() == odd->counter_bytes() + 80);
+  CHECK(odd->workspace_bytes() == odd->counter_bytes() + 80 + 17 * 128 * 4);
+}
+
 TEST_CASE("plan_decode keeps a sequence within a cluster's splits where that costs little",
           "[attention][plan]") {
   const decode_shape shape{1, 32, 8, 128, 0};

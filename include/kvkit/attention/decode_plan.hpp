@@ -41,9 +41,9 @@ struct decode_shape {
   //! (plan_decode); with smaller pages, or none given, it is split.
   std::int32_t page_size = 0;
   //! Element order of the cache's pages (decode_shape_for fills it in). It only steers the choice
-  //! of kernel: an int4 cache in HND pages keeps the one-tile kernel where NHD pages take the
-  //! two-tile one with 2048 keys a block (decode_plan::two_tiles). A plan made for either order
-  //! decodes a cache of the other correctly.
+  //! of kernel for int8 and int4 caches, which of two chunks decides decode_plan::two_tiles: an
+  //! int4 cache in HND pages keeps the one-tile kernel where NHD pages take the two-tile one with
+  //! 2048 keys a block. A plan made for either order decodes a cache of the other correctly.
   kv_order order = kv_order::nhd;
 
   [[nodiscard]] constexpr std::int32_t group_size() const {
@@ -168,10 +168,19 @@ struct decode_plan {
     if (max_splits <= 1) {
       return 0;
     }
-    const auto rows = static_cast<std::size_t>(shape.batch_size) *
-                      static_cast<std::size_t>(shape.num_q_heads) *
-                      static_cast<std::size_t>(max_splits);
-    return rows * (static_cast<std::size_t>(shape.head_dim) + 1) * sizeof(float) + counter_bytes();
+    return partial_outputs_offset() +
+           partial_rows() * static_cast<std::size_t>(shape.head_dim) * sizeof(float);
+  }
+  //! Partial results in the workspace: one per sequence, query head and split.
+  [[nodiscard]] constexpr std::size_t partial_rows() const {
+    return static_cast<std::size_t>(shape.batch_size) *
+           static_cast<std::size_t>(shape.num_q_heads) * static_cast<std::size_t>(max_splits);
+  }
+  //! Where the partial outputs start in the workspace: after the arrival counters
+  //! (counter_bytes) and the partial log-sum-exps, one float a row, their count rounded up to a
+  //! multiple of four so that the outputs are 16-byte aligned for the kernel's 16-byte stores.
+  [[nodiscard]] constexpr std::size_t partial_outputs_offset() const {
+    return counter_bytes() + (partial_rows() + 3) / 4 * 4 * sizeof(float);
   }
   //! Bytes of the arrival counters, at the start of the workspace.
   [[nodiscard]] constexpr std::size_t counter_bytes() const {

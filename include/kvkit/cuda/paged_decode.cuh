@@ -107,10 +107,12 @@ inline constexpr bool decode_codec =
 //! kv_bits, kv_scaled_one_width, and page_size unless 0: decode_shape_for gives them), the codecs
 //! are per-token ones (a per-page-channel codec is rejected), the page table's page size is the
 //! layout's, the batch fits the plan (equals it unless the plan is graph-safe), the pointers are
-//! set (fp8 scales included, finite and positive; the cache, queries and outputs 16-byte aligned),
-//! options are in range, and the workspace holds plan.workspace_bytes() 16-byte-aligned bytes. The
-//! sequences' lengths are not checked on the host: every sequence must hold at least one token (the
-//! reference rejects empty ones).
+//! set (the fp8 scales' pointer included: their values, on the device, are not checked; the cache,
+//! queries and outputs 16-byte aligned), options are in range, and the workspace holds
+//! plan.workspace_bytes() 16-byte-aligned bytes. The sequences' lengths are not checked on the
+//! host. A sequence with no pages (or no tokens) is skipped and its outputs and log-sum-exps left
+//! as they were, so a graph-safe batch can be padded with empty sequences; the CPU reference
+//! rejects empty ones.
 template <class Layout, query_element T>
 [[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
                               const void* workspace, std::size_t workspace_bytes) {
@@ -1779,10 +1781,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     auto* const ws = static_cast<std::byte*>(workspace);
     p.counters = reinterpret_cast<std::uint32_t*>(ws);
     p.part_lse = reinterpret_cast<float*>(ws + plan.counter_bytes());
-    const std::size_t rows = static_cast<std::size_t>(plan.shape.batch_size) *
-                             static_cast<std::size_t>(plan.shape.num_q_heads) *
-                             static_cast<std::size_t>(plan.max_splits);
-    p.part_o = p.part_lse + (rows + 3) / 4 * 4;
+    p.part_o = reinterpret_cast<float*>(ws + plan.partial_outputs_offset());
   }
   constexpr int smem = decode_smem_bytes<K, V, D, NT, KT, W>();
   constexpr int cluster_smem = decode_cluster_smem_bytes<K, V, D, NT, KT, W>();
