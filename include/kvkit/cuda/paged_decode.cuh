@@ -538,17 +538,138 @@ struct stage_layout {
   // Otherwise the swizzle serves the fragment reads: a K read puts keys g (two of them) and
   // chunks 4n + i (four) in one phase of eight lanes, a V read keys 2i + x (four) and chunks
   // 8n + g (two).
-  __device__ static int swizzle(int key) {
+  __host__ __device__ static constexpr int swizzle(int key) {
     if constexpr (ldsm_v) {
       return ((key & 1) << 2) | ((key >> 1) & 3);
     } else {
       return ((key & 1) << 2) ^ (((key >> 1) & 3) << 1);
     }
   }
-  // Byte offset in a row region of byte `offset` of key `key`'s row.
+  // Byte offset in a row region of byte `offset` of key `key`'s row. Rows shorter than the 128
+  // bytes of the 32 banks (int4 at head dims 64 and 128, 8-bit at 64) are also permuted: a V read
+  // takes keys 2i + x of the four i in one phase, and their rows (every 64 or 128 bytes) began on
+  // the same banks, which no swizzle inside a row could part (Nsight Compute, int4 at head dim
+  // 128: 8 of a tile's 51 shared wavefronts were these conflicts). Keys with bit 2 set trade rows
+  // with their neighbour, so the four start on four (32-byte rows) or two (64-byte) bank groups;
+  // the copies and the K reads still cover whole aligned 128 bytes a phase.
   template <int Chunks, int Row>
-  __device__ static int at(int key, int offset) {
-    return key * Row + (((offset / 16) ^ (swizzle(key) & (Chunks - 1))) * 16) + offset % 16;
+  __host__ __device__ static constexpr int at(int key, int offset) {
+    const int slot = Row < 128 ? key ^ ((key >> 2) & 1) : key;
+    return slot * Row + (((offset / 16) ^ (swizzle(key) & (Chunks - 1))) * 16) + offset % 16;
+  }
+  // Whether a warp's read of `Bytes` a lane (4, 8 or 16) at byte `addr(lane)` takes one shared
+  // memory wavefront a phase: the lanes are served 128 / Bytes at a time, and a phase is
+  // conflict-free when no bank holds two different words of it.
+  template <int Bytes, class Addr>
+  static constexpr bool conflict_free(Addr addr) {
+    for (int first = 0; first < 32; first += 128 / Bytes) {
+      int word_of_bank[32] = {};
+      for (int& w : word_of_bank) {
+        w = -1;
+      }
+      for (int lane = first; lane < first + 128 / Bytes; ++lane) {
+        for (int k = 0; k < Bytes / 4; ++k) {
+          const int word = addr(lane) / 4 + k;
+          if (word_of_bank[word % 32] >= 0 && word_of_bank[word % 32] != word) {
+            return false;
+          }
+          word_of_bank[word % 32] = word;
+        }
+      }
+    }
+    return true;
+  }
+  // The fragment reads of a step (the kernel's lds calls below), each conflict-free.
+  static constexpr bool reads_conflict_free() {
+    for (int tk = 0; tk < 2; ++tk) {
+      for (int it = 0; it < k_items; ++it) {
+        if (!conflict_free<k_item>([&](int lane) {
+              return at<k_chunks, k_row>(lane / 4 + 8 * tk, (4 * it + lane % 4) * k_item);
+            })) {
+          return false;
+        }
+      }
+    }
+    if constexpr (!ldsm_v) {
+      for (int tv = 0; tv < 4; ++tv) {
+        for (int it = 0; it < v_items; ++it) {
+          if (!conflict_free<v_item>([&](int lane) {
+                return at<v_chunks, v_row>(2 * (lane % 4) + (tv & 1) + 8 * (tv >> 1),
+                                           (8 * it + lane / 4) * v_item);
+              })) {
+            return false;
+          }
+        }
+      }
+    }
+    return true;
+  }
+  static_assert(reads_conflict_free(), "K and V fragment reads without bank conflicts");
+  // Where channel `ch` of output row `row` lies in a warp's [rows][D] block of the block merge:
+  // 16-byte chunks XOR-swizzled by the row, so that a warp's stores of its rows spread over all
+  // banks, while the merge still reads four consecutive channels as one 16-byte load. Row bits 1,
+  // 2 and 3 flip chunk bits a, b and b + 1 (`red_swizzle` packs a and b), the first pair in the
+  // order below that leaves every store of the kernel conflict-free. Most kernels store four
+  // consecutive channels a lane, the lanes of a row 32 to 64 bytes apart, and the first pair
+  // (chunk bits 0, 1, 2) serves the 8-bit and int4 kernels at head dim 128 (unswizzled, a
+  // store's lanes fell on 2 of the 8 bank groups, and int4's, stored a float at a time, were
+  // 16-way conflicted). The ldmatrix kernels store a float at a time (channels 8mm + g of rows
+  // 2i + c); with that pair, rows 2i of i = 0, 1 (and 2, 3) fell on the same eight banks, two
+  // wavefronts a store (Nsight Compute, bf16 B=1: 32 of a warp's stores).
+  __host__ __device__ static constexpr int red_at_by(int swz, int row, int ch) {
+    const int x = row >> 1;
+    const int a = swz & 7;
+    const int b = swz >> 3;
+    const int flip = (((x & 1) << a) ^ (((x >> 1) & 1) << b) ^ (((x >> 2) & 1) << (b + 1))) * 4;
+    return row * D + (ch ^ (flip & (D - 1)));
+  }
+  // Whether the merge's stores of a warp's outputs (rows 2i + c of a query tile) are each
+  // conflict-free with this swizzle.
+  static constexpr bool stores_conflict_free(int swz) {
+    for (int c = 0; c < 2; ++c) {
+      if constexpr (ldsm_v) {
+        for (int mm = 0; mm < D / 8; ++mm) {
+          if (!conflict_free<4>([&](int lane) {
+                return 4 * red_at_by(swz, 2 * (lane % 4) + c, 8 * mm + lane / 4);
+              })) {
+            return false;
+          }
+        }
+      } else {
+        for (int q = 0; q < D / 32; ++q) {
+          if (!conflict_free<16>([&](int lane) {
+                return 4 * red_at_by(swz, 2 * (lane % 4) + c, vf::v_abs(lane / 4, 4 * q));
+              })) {
+            return false;
+          }
+        }
+      }
+    }
+    return true;
+  }
+  static constexpr int pick_red_swizzle() {
+    for (int b = 1; b < 4; ++b) {
+      for (int a = 0; a < 4; ++a) {
+        if (a != b && stores_conflict_free(a | (b << 3))) {
+          return a | (b << 3);
+        }
+      }
+    }
+    return -1;
+  }
+  // Whether some pair leaves the stores conflict-free: every kernel but those of an int4 V cache
+  // at head dim 256, whose lanes g = 2p and 2p + 1 store channels 128 bytes apart in one row (a
+  // 2-way conflict once a block, that no swizzle by the row parts; they keep the first pair).
+  static constexpr bool red_stores_conflict_free = pick_red_swizzle() >= 0;
+  static constexpr int red_swizzle = red_stores_conflict_free ? pick_red_swizzle() : 1 << 3;
+  __host__ __device__ static constexpr int red_at(int row, int ch) {
+    if constexpr (red_swizzle == 1 << 3) {
+      // The first pair in the form its kernels were tuned with (the general one compiles to
+      // other machine code).
+      return row * D + (ch ^ (((row >> 1) & 7) << 2));
+    } else {
+      return red_at_by(red_swizzle, row, ch);
+    }
   }
 
   // Then the tile's K parameter rows and its V parameter rows, [key][param_row] each, copied
@@ -1039,6 +1160,13 @@ __launch_bounds__(W * 32, (W == decode_warps
     l[nt][0] = l[nt][1] = 0.0F;
   }
 
+  // Where a stage holds this thread's V items of keys 2i and 2i + 1 (those of keys 2i + 8 and
+  // 2i + 9 lie eight rows further), for rows that `at` permutes: worked out once, so that the loop
+  // adds only the stage's base.
+  [[maybe_unused]] const int v_read0 =
+      sl::v_off + sl::template at<sl::v_chunks, sl::v_row>(2 * i, g * sl::v_item);
+  [[maybe_unused]] const int v_read1 =
+      sl::v_off + sl::template at<sl::v_chunks, sl::v_row>(2 * i + 1, g * sl::v_item);
   int read_stage = 0;
   int write_stage = stages - KT;
   // Stage `stage + kt` of the ring (stage < stages, kt < KT). The forms for kt = 0 here and for
@@ -1089,6 +1217,13 @@ __launch_bounds__(W * 32, (W == decode_warps
               st + sl::v_off +
                   sl::template at<sl::v_chunks, sl::v_row>(key, (2 * j + (block & 1)) * 16),
               va[kt][j]);
+        }
+      } else if constexpr (sl::v_row < 128) {
+        static_assert(sl::v_items == 1, "a short row's V item is the thread's whole V share");
+#pragma unroll
+        for (int tv = 0; tv < 4; ++tv) {
+          lds<sl::v_item>(st + ((tv & 1) != 0 ? v_read1 : v_read0) + (tv >> 1) * 8 * sl::v_row,
+                          &vw[kt][tv][0]);
         }
       } else {
 #pragma unroll
@@ -1351,15 +1486,6 @@ __launch_bounds__(W * 32, (W == decode_warps
   float* const red_m = red;              // [warp][rows]
   float* const red_l = red_m + W * rows; // [warp][rows]
   float* const red_o = red_l + W * rows; // [warp][rows][D], swizzled (red_at)
-  // Where channel `ch` of output row `row` lies in a warp's [rows][D] block: 16-byte chunks
-  // XOR-swizzled by the row, so that a warp's 16-byte stores of its rows (four consecutive
-  // channels a lane, the lanes of a row 32 to 64 bytes apart) spread over all banks, while the
-  // merge still reads four consecutive channels as one 16-byte load. Unswizzled, a store's lanes
-  // fell on 4 (bf16) or 2 (8-bit V) of the 8 bank groups; and int4's channels, not in the
-  // order of its fragments, were stored a float at a time, 16-way conflicted.
-  const auto red_at = [](int row, int ch) {
-    return row * D + (ch ^ (((row >> 1) & 7) << 2));
-  };
   static_assert(D % 32 == 0 && vf::v_item_channels % 4 == 0,
                 "the swizzle stays in a row, and a thread's V channels come in fours");
   // v_slot[rel]: 2 * j + half of the m-tile j and half whose V channel is relative channel rel.
@@ -1385,7 +1511,7 @@ __launch_bounds__(W * 32, (W == decode_warps
         // Channel 8 (2j + half) + g of m-tile j's row half, one at a time.
 #pragma unroll
         for (int mm = 0; mm < 2 * ksteps; ++mm) {
-          red_o[warp * rows * D + red_at(row, 8 * mm + g)] = o[nt][mm / 2][c + 2 * (mm % 2)];
+          red_o[warp * rows * D + sl::red_at(row, 8 * mm + g)] = o[nt][mm / 2][c + 2 * (mm % 2)];
         }
       } else {
         // The thread's relative V channels four at a time (vf::v_abs keeps each four together).
@@ -1397,7 +1523,8 @@ __launch_bounds__(W * 32, (W == decode_warps
             const int at = v_slot[4 * q + e];
             v[e] = o[nt][at / 2][c + 2 * (at % 2)];
           }
-          *reinterpret_cast<float4*>(red_o + warp * rows * D + red_at(row, vf::v_abs(g, 4 * q))) =
+          *reinterpret_cast<float4*>(red_o + warp * rows * D +
+                                     sl::red_at(row, vf::v_abs(g, 4 * q))) =
               make_float4(v[0], v[1], v[2], v[3]);
         }
       }
@@ -1441,7 +1568,7 @@ __launch_bounds__(W * 32, (W == decode_warps
 #pragma unroll
     for (int w = 0; w < W; ++w) {
       const float4 x =
-          *reinterpret_cast<const float4*>(red_o + w * rows * D + red_at(row, quad * 4));
+          *reinterpret_cast<const float4*>(red_o + w * rows * D + sl::red_at(row, quad * 4));
       const float f = wt[w] * inv;
       val.x += f * x.x;
       val.y += f * x.y;
