@@ -39,23 +39,27 @@ static_assert(!kd::decode_two_tiles_fit<kvkit::int8_codec, kvkit::int4_group_cod
 // merge's stores of these caches, with one query tile and with two. An int4 V cache at head dim
 // 256 keeps a 2-way conflict in those stores (once a block), which no swizzle by the row removes.
 template <class K, class V, int D>
-constexpr bool merge_stores_conflict_free = kd::stage_layout<K, V, D, 1>::red_stores_conflict_free&&
-    kd::stage_layout<K, V, D, 2>::red_stores_conflict_free;
+constexpr bool merge_stores_conflict_free() {
+  return kd::stage_layout<K, V, D, 1>::red_stores_conflict_free &&
+         kd::stage_layout<K, V, D, 2>::red_stores_conflict_free;
+}
 template <class C>
-constexpr bool merge_stores_conflict_free_all_dims = merge_stores_conflict_free<C, C, 64>&&
-    merge_stores_conflict_free<C, C, 128>&& merge_stores_conflict_free<C, C, 256>;
-static_assert(merge_stores_conflict_free_all_dims<kvkit::bf16_codec>);
-static_assert(merge_stores_conflict_free_all_dims<kvkit::fp16_codec>);
-static_assert(merge_stores_conflict_free_all_dims<kvkit::fp8_e4m3_codec>);
-static_assert(merge_stores_conflict_free_all_dims<kvkit::int8_codec>);
+constexpr bool merge_stores_conflict_free_all_dims() {
+  return merge_stores_conflict_free<C, C, 64>() && merge_stores_conflict_free<C, C, 128>() &&
+         merge_stores_conflict_free<C, C, 256>();
+}
+static_assert(merge_stores_conflict_free_all_dims<kvkit::bf16_codec>());
+static_assert(merge_stores_conflict_free_all_dims<kvkit::fp16_codec>());
+static_assert(merge_stores_conflict_free_all_dims<kvkit::fp8_e4m3_codec>());
+static_assert(merge_stores_conflict_free_all_dims<kvkit::int8_codec>());
 static_assert(
-    merge_stores_conflict_free<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 64>);
+    merge_stores_conflict_free<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 64>());
 static_assert(
-    merge_stores_conflict_free<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 128>);
+    merge_stores_conflict_free<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 128>());
 static_assert(
-    !merge_stores_conflict_free<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 256>);
-static_assert(merge_stores_conflict_free<kvkit::fp8_e4m3_codec, kvkit::bf16_codec, 128>);
-static_assert(merge_stores_conflict_free<kvkit::int8_codec, kvkit::int4_group_codec<64>, 128>);
+    !merge_stores_conflict_free<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 256>());
+static_assert(merge_stores_conflict_free<kvkit::fp8_e4m3_codec, kvkit::bf16_codec, 128>());
+static_assert(merge_stores_conflict_free<kvkit::int8_codec, kvkit::int4_group_codec<64>, 128>());
 
 // The plan (plain C++, decode_plan.hpp) chooses the two-tile kernel only for caches the kernel
 // has a two-tile form of (the launcher falls back to the one-tile kernel otherwise, whose splits

@@ -605,6 +605,19 @@ struct stage_layout {
     return true;
   }
   static_assert(reads_conflict_free(), "K and V fragment reads without bank conflicts");
+  // The kernel's V reads of short rows take keys 2i + x + 8 as eight rows past keys 2i + x (two
+  // offsets worked out before the loop), which holds because `at` repeats every eight keys.
+  static constexpr bool short_v_rows_repeat() {
+    for (int key = 0; key < 8; ++key) {
+      for (int g = 0; g < 8; ++g) {
+        if (at<v_chunks, v_row>(key + 8, g * v_item) !=
+            at<v_chunks, v_row>(key, g * v_item) + 8 * v_row) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
   // Where channel `ch` of output row `row` lies in a warp's [rows][D] block of the block merge:
   // 16-byte chunks XOR-swizzled by the row, so that a warp's stores of its rows spread over all
   // banks, while the merge still reads four consecutive channels as one 16-byte load. Row bits 1,
@@ -660,8 +673,9 @@ struct stage_layout {
   // Whether some pair leaves the stores conflict-free: every kernel but those of an int4 V cache
   // at head dim 256, whose lanes g = 2p and 2p + 1 store channels 128 bytes apart in one row (a
   // 2-way conflict once a block, that no swizzle by the row parts; they keep the first pair).
-  static constexpr bool red_stores_conflict_free = pick_red_swizzle() >= 0;
-  static constexpr int red_swizzle = red_stores_conflict_free ? pick_red_swizzle() : 1 << 3;
+  static constexpr int picked_red_swizzle = pick_red_swizzle();
+  static constexpr bool red_stores_conflict_free = picked_red_swizzle >= 0;
+  static constexpr int red_swizzle = red_stores_conflict_free ? picked_red_swizzle : 1 << 3;
   __host__ __device__ static constexpr int red_at(int row, int ch) {
     if constexpr (red_swizzle == 1 << 3) {
       // The first pair in the form its kernels were tuned with (the general one compiles to
@@ -1220,6 +1234,7 @@ __launch_bounds__(W * 32, (W == decode_warps
         }
       } else if constexpr (sl::v_row < 128) {
         static_assert(sl::v_items == 1, "a short row's V item is the thread's whole V share");
+        static_assert(sl::short_v_rows_repeat(), "keys 2i + x + 8 lie eight rows past 2i + x");
 #pragma unroll
         for (int tv = 0; tv < 4; ++tv) {
           lds<sl::v_item>(st + ((tv & 1) != 0 ? v_read1 : v_read0) + (tv >> 1) * 8 * sl::v_row,
