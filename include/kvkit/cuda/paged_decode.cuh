@@ -264,9 +264,9 @@ __device__ inline float fast_tanh(float x) {
   return y;
 }
 
+// Copies `Bytes` to the shared-window address `s` (zeros where !valid).
 template <int Bytes>
-__device__ inline void cp_async(void* smem, const void* global, bool valid) {
-  const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+__device__ inline void cp_async_to(std::uint32_t s, const void* global, bool valid) {
   const int n = valid ? Bytes : 0; // 0: the destination is zero-filled, nothing is read
   if constexpr (Bytes == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global), "r"(n)
@@ -276,6 +276,10 @@ __device__ inline void cp_async(void* smem, const void* global, bool valid) {
                  "n"(Bytes), "r"(n)
                  : "memory");
   }
+}
+template <int Bytes>
+__device__ inline void cp_async(void* smem, const void* global, bool valid) {
+  cp_async_to<Bytes>(static_cast<std::uint32_t>(__cvta_generic_to_shared(smem)), global, valid);
 }
 __device__ inline void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -901,6 +905,19 @@ __launch_bounds__(W * 32, (W == decode_warps
 
   char* const warp_smem =
       reinterpret_cast<char*>(smem_raw) + static_cast<std::size_t>(warp) * stages * sl::bytes;
+  // How a tile is located and its copies issued. The lean form: the copies' shared addresses
+  // from one conversion here (converted at each copy, a kernel that may run in a cluster read its
+  // block's rank, SR_CgaCtaId, every tile), the debug page check without a branch, and (but in
+  // the one-tile 8-bit kernels, held to 128 registers, where it spilled: sm_90a, fp8 and int8 at
+  // head dim 128) the rows located without a branch. H200, against the earlier form in one call,
+  // 301 rows: geometric mean 0.987; int4 in HND pages 2.7-3.8% faster at the large shapes, bf16 at
+  // B=1 2.2% by geometric mean (graph rows at L=2048 5.83 to 5.58 us, g4, and 6.20 to 5.93, g8).
+  // The 8-bit two-tile kernels keep the earlier form: with the lean one, fp8 at B=32 from L=8192
+  // ran 1-2% slower (docs/paged_decode_log.md). The lean kernels' sm_90a code is the measured one;
+  // the 8-bit two-tile loops are within 7 instructions of their earlier code.
+  constexpr bool lean_issue = !(kf::bits == 8 && vf::bits == 8 && KT == 2);
+  [[maybe_unused]] const auto warp_smem_s =
+      static_cast<std::uint32_t>(__cvta_generic_to_shared(warp_smem));
 
   // Page and slot of this lane's key (lane % 16) of the warp's tile t; page -1 when outside.
   struct key_loc {
@@ -921,23 +938,44 @@ __launch_bounds__(W * 32, (W == decode_warps
     return inside ? __ldg(p.table.indices + first_page + static_cast<std::int32_t>(pi)) : -1;
   };
   // The key's rows from its page id and slot as page_of gives them (and, in debug mode, the
-  // check of an id inside the range).
+  // check of an id inside the range). In the lean form an id the check rejects, or any negative
+  // one, becomes -1 (rows null), and a rejected one sets the flag by a predicated store, not in a
+  // branch around an atomic.
+  constexpr bool rows_without_branch = !(kf::bits == 8 && vf::bits == 8);
   const auto place = [&](std::int32_t page, std::int32_t slot, key_loc& loc) {
     const bool inside = slot >= 0;
-    if (inside && p.page_check != nullptr && (page < 0 || page >= p.capacity)) {
+    if constexpr (lean_issue) {
+      const std::uint32_t limit =
+          p.page_check != nullptr ? static_cast<std::uint32_t>(p.capacity) : 0x7FFFFFFFU;
+      const bool bad = inside && static_cast<std::uint32_t>(page) >= limit;
+      if (bad && p.page_check != nullptr) {
+        // A plain store of the same value from every thread that finds one, read by the host
+        // after the launch. (As a relaxed atomic store, sm_90a: the int8 kernel spilled 20 bytes.)
+        *p.page_check = 1;
+      }
+      page = bad ? -1 : page;
+    } else if (inside && p.page_check != nullptr && (page < 0 || page >= p.capacity)) {
       atomicExch(p.page_check, 1);
       page = -1;
     }
     loc.page = page;
     loc.slot = inside ? slot : 0;
+    const auto rows_of = [&](std::int32_t pg, std::int32_t in_page) {
+      const std::byte* const pb = p.cache + static_cast<std::int64_t>(pg) * p.page_bytes;
+      loc.k_row = pb + layout.k_data_offset() + layout.element_index(in_page, h, 0) * kf::bits / 8;
+      if constexpr (kf::bits != vf::bits) {
+        loc.v_row =
+            pb + layout.v_data_offset() + layout.element_index(in_page, h, 0) * vf::bits / 8;
+      }
+    };
     loc.k_row = nullptr;
     loc.v_row = nullptr;
-    if (page >= 0) {
-      const std::byte* const pb = p.cache + static_cast<std::int64_t>(page) * p.page_bytes;
-      loc.k_row = pb + layout.k_data_offset() + layout.element_index(slot, h, 0) * kf::bits / 8;
-      if constexpr (kf::bits != vf::bits) {
-        loc.v_row = pb + layout.v_data_offset() + layout.element_index(slot, h, 0) * vf::bits / 8;
-      }
+    if constexpr (rows_without_branch) {
+      rows_of(page >= 0 ? page : 0, loc.slot);
+      loc.k_row = page >= 0 ? loc.k_row : nullptr;
+      loc.v_row = page >= 0 ? loc.v_row : nullptr;
+    } else if (page >= 0) {
+      rows_of(page, slot);
     }
   };
 
@@ -977,7 +1015,8 @@ __launch_bounds__(W * 32, (W == decode_warps
   const auto issue = [&](int st, const key_loc& loc) {
     const std::int32_t page = loc.page;
     const std::int32_t slot = loc.slot;
-    char* const base = warp_smem + st * sl::bytes;
+    [[maybe_unused]] const std::uint32_t base_s =
+        warp_smem_s + static_cast<std::uint32_t>(st * sl::bytes);
     // Rows: lane l copies chunks l, l + 32, ... of the tile's rows (whole rows per instruction).
     // With `both`, K and V rows have the same size and lie kv_gap bytes apart, so one shuffle of
     // a key's row serves both copies. A key outside the range reads nothing (from the cache's
@@ -995,10 +1034,22 @@ __launch_bounds__(W * 32, (W == decode_warps
             __shfl_sync(0xFFFFFFFFU, reinterpret_cast<unsigned long long>(my_row), key));
         const bool valid = r != nullptr;
         const std::byte* const src = (valid ? r : p.cache) + chunk * 16;
-        cp_async<16>(base + off + sl::template at<chunks, row>(key, chunk * 16), src, valid);
-        if constexpr (decltype(both_c)::value) {
-          cp_async<16>(base + sl::v_off + sl::template at<chunks, row>(key, chunk * 16),
-                       src + kv_gap, valid);
+        if constexpr (lean_issue) {
+          const int at = sl::template at<chunks, row>(key, chunk * 16);
+          cp_async_to<16>(base_s + static_cast<std::uint32_t>(off + at), src, valid);
+          if constexpr (decltype(both_c)::value) {
+            cp_async_to<16>(base_s + static_cast<std::uint32_t>(sl::v_off + at), src + kv_gap,
+                            valid);
+          }
+        } else {
+          // The earlier form, spelled as it was (other spellings, even an unused variable, change
+          // ptxas's code for the lean kernels or these).
+          char* const base = warp_smem + st * sl::bytes;
+          cp_async<16>(base + off + sl::template at<chunks, row>(key, chunk * 16), src, valid);
+          if constexpr (decltype(both_c)::value) {
+            cp_async<16>(base + sl::v_off + sl::template at<chunks, row>(key, chunk * 16),
+                         src + kv_gap, valid);
+          }
         }
       }
     };
@@ -1023,7 +1074,13 @@ __launch_bounds__(W * 32, (W == decode_warps
           valid ? p.cache + static_cast<std::int64_t>(page) * p.page_bytes + src_off : p.cache;
 #pragma unroll
       for (int n = 0; n < row / piece; ++n) {
-        cp_async<piece>(base + dst + n * piece, src + n * piece, valid);
+        if constexpr (lean_issue) {
+          cp_async_to<piece>(base_s + static_cast<std::uint32_t>(dst + n * piece), src + n * piece,
+                             valid);
+        } else {
+          char* const base = warp_smem + st * sl::bytes;
+          cp_async<piece>(base + dst + n * piece, src + n * piece, valid);
+        }
       }
     };
     if constexpr (std::is_same_v<K, V> && kf::param_row > 0) {
