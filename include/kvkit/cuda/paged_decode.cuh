@@ -689,6 +689,19 @@ struct stage_layout {
       return red_at_by(red_swizzle, row, ch);
     }
   }
+  // The stores were checked (stores_conflict_free) in red_at_by's form: the first pair's own
+  // spelling above must be the same map.
+  static constexpr bool red_at_is_checked_map() {
+    for (int row = 0; row < 16; ++row) {
+      for (int ch = 0; ch < D; ++ch) {
+        if (red_at(row, ch) != red_at_by(red_swizzle, row, ch)) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+  static_assert(red_at_is_checked_map(), "the merge's map is the one its stores were checked in");
 
   // Then the tile's K parameter rows and its V parameter rows, [key][param_row] each, copied
   // whole per key.
