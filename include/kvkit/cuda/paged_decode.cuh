@@ -955,6 +955,46 @@ __launch_bounds__(W * 32, (W == decode_warps
   // one, becomes -1 (rows null), and a rejected one sets the flag by a predicated store, not in a
   // branch around an atomic.
   constexpr bool rows_without_branch = !(kf::bits == 8 && vf::bits == 8);
+  // In the one-tile kernels but int8's, a key's rows and parameter rows are located in 32-bit
+  // offsets from its page's start (a page is under 1 GiB: paged_layout::validate), each linear in
+  // the key's slot with a start and a step fixed for the warp's head, and the page's start comes
+  // from one 32 by 32-bit product. In 64 bits (the earlier form), sm_90a at head dim 128: 13-19
+  // instructions more a tile (int4's loop 526 for 507 in NHD pages, 504 for 486 in HND; fp8's 417
+  // for 399, and it spilled 8 bytes; bf16's 395 for 376). H200, against the 64-bit form in one
+  // call, two rounds of all 301 rows and two more of int4's, by geometric mean: int4's one-tile
+  // kernel in HND pages 2.6% faster (up to 4%), its eight-warp kernel (B=1, L <= 2048) 2.6-3.3% in
+  // NHD pages, fp8 in NHD pages 0.6-1.2%; int4's one-tile kernel in NHD pages and bf16 unchanged.
+  // The two-tile int4 kernel ran 1.1% slower in NHD pages (up to 4.5%) with them, and int8's
+  // one-tile kernel, held to 128 registers, spilled in its loop, so those two (and the 8-bit
+  // two-tile kernels) keep 64-bit offsets.
+  constexpr bool narrow_offsets =
+      KT == 1 && !(kf::bits == 8 && vf::bits == 8 && (kf::per_token || vf::per_token));
+  [[maybe_unused]] const auto page_base = [&](std::int32_t pg) {
+    return p.cache + static_cast<std::uint64_t>(static_cast<std::uint32_t>(pg)) *
+                         static_cast<std::uint32_t>(p.page_bytes);
+  };
+  [[maybe_unused]] const auto row_bytes = [&](std::int64_t elements, int bits) {
+    return static_cast<std::uint32_t>(elements * bits / 8);
+  };
+  [[maybe_unused]] const std::uint32_t k_row_at = static_cast<std::uint32_t>(
+      layout.k_data_offset() + row_bytes(layout.element_index(0, h, 0), kf::bits));
+  [[maybe_unused]] const std::uint32_t k_row_step =
+      row_bytes(layout.element_index(1, h, 0) - layout.element_index(0, h, 0), kf::bits);
+  [[maybe_unused]] const std::uint32_t v_row_at = static_cast<std::uint32_t>(
+      layout.v_data_offset() + row_bytes(layout.element_index(0, h, 0), vf::bits));
+  [[maybe_unused]] const std::uint32_t v_row_step =
+      row_bytes(layout.element_index(1, h, 0) - layout.element_index(0, h, 0), vf::bits);
+  // The parameter rows likewise (a lane < 16 reads K's, a lane >= 16 V's: `issue`).
+  [[maybe_unused]] const std::uint32_t k_param_at = static_cast<std::uint32_t>(
+      layout.k_param_offset() + layout.template param_index<K>(0, h, 0) * K::param_bytes);
+  [[maybe_unused]] const std::uint32_t k_param_step = static_cast<std::uint32_t>(
+      (layout.template param_index<K>(1, h, 0) - layout.template param_index<K>(0, h, 0)) *
+      K::param_bytes);
+  [[maybe_unused]] const std::uint32_t v_param_at = static_cast<std::uint32_t>(
+      layout.v_param_offset() + layout.template param_index<V>(0, h, 0) * V::param_bytes);
+  [[maybe_unused]] const std::uint32_t v_param_step = static_cast<std::uint32_t>(
+      (layout.template param_index<V>(1, h, 0) - layout.template param_index<V>(0, h, 0)) *
+      V::param_bytes);
   const auto place = [&](std::int32_t page, std::int32_t slot, key_loc& loc) {
     const bool inside = slot >= 0;
     if constexpr (lean_issue) {
@@ -974,11 +1014,20 @@ __launch_bounds__(W * 32, (W == decode_warps
     loc.page = page;
     loc.slot = inside ? slot : 0;
     const auto rows_of = [&](std::int32_t pg, std::int32_t in_page) {
-      const std::byte* const pb = p.cache + static_cast<std::int64_t>(pg) * p.page_bytes;
-      loc.k_row = pb + layout.k_data_offset() + layout.element_index(in_page, h, 0) * kf::bits / 8;
-      if constexpr (kf::bits != vf::bits) {
-        loc.v_row =
-            pb + layout.v_data_offset() + layout.element_index(in_page, h, 0) * vf::bits / 8;
+      if constexpr (narrow_offsets) {
+        const std::byte* const pb = page_base(pg);
+        loc.k_row = pb + (k_row_at + static_cast<std::uint32_t>(in_page) * k_row_step);
+        if constexpr (kf::bits != vf::bits) {
+          loc.v_row = pb + (v_row_at + static_cast<std::uint32_t>(in_page) * v_row_step);
+        }
+      } else {
+        const std::byte* const pb = p.cache + static_cast<std::int64_t>(pg) * p.page_bytes;
+        loc.k_row =
+            pb + layout.k_data_offset() + layout.element_index(in_page, h, 0) * kf::bits / 8;
+        if constexpr (kf::bits != vf::bits) {
+          loc.v_row =
+              pb + layout.v_data_offset() + layout.element_index(in_page, h, 0) * vf::bits / 8;
+        }
       }
     };
     loc.k_row = nullptr;
@@ -1083,8 +1132,12 @@ __launch_bounds__(W * 32, (W == decode_warps
       constexpr int row = decltype(row_c)::value;
       constexpr int piece = row < 16 ? row : 16;
       const bool valid = page >= 0;
-      const std::byte* const src =
-          valid ? p.cache + static_cast<std::int64_t>(page) * p.page_bytes + src_off : p.cache;
+      const std::byte* src = nullptr;
+      if constexpr (narrow_offsets) {
+        src = valid ? page_base(page) + static_cast<std::uint32_t>(src_off) : p.cache;
+      } else {
+        src = valid ? p.cache + static_cast<std::int64_t>(page) * p.page_bytes + src_off : p.cache;
+      }
 #pragma unroll
       for (int n = 0; n < row / piece; ++n) {
         if constexpr (lean_issue) {
@@ -1099,23 +1152,35 @@ __launch_bounds__(W * 32, (W == decode_warps
     if constexpr (std::is_same_v<K, V> && kf::param_row > 0) {
       // One codec: the V rows follow the K rows in the stage, and one copy serves both halves of
       // the warp.
-      params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
-             param_offset(lane < 16 ? layout.k_param_offset() : layout.v_param_offset(),
-                          layout.template param_index<K>(slot, h, 0) * K::param_bytes));
+      if constexpr (narrow_offsets) {
+        params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
+               static_cast<std::int32_t>((lane < 16 ? k_param_at : v_param_at) +
+                                         static_cast<std::uint32_t>(slot) * k_param_step));
+      } else {
+        params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
+               param_offset(lane < 16 ? layout.k_param_offset() : layout.v_param_offset(),
+                            layout.template param_index<K>(slot, h, 0) * K::param_bytes));
+      }
     } else {
       if constexpr (kf::param_row > 0) {
         if (lane < 16) {
           params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
-                 param_offset(layout.k_param_offset(),
-                              layout.template param_index<K>(slot, h, 0) * K::param_bytes));
+                 narrow_offsets
+                     ? static_cast<std::int32_t>(k_param_at +
+                                                 static_cast<std::uint32_t>(slot) * k_param_step)
+                     : param_offset(layout.k_param_offset(),
+                                    layout.template param_index<K>(slot, h, 0) * K::param_bytes));
         }
       }
       if constexpr (vf::param_row > 0) {
         if (lane >= 16) {
           params(std::integral_constant<int, vf::param_row>{},
                  sl::vp_off + (lane - 16) * vf::param_row,
-                 param_offset(layout.v_param_offset(),
-                              layout.template param_index<V>(slot, h, 0) * V::param_bytes));
+                 narrow_offsets
+                     ? static_cast<std::int32_t>(v_param_at +
+                                                 static_cast<std::uint32_t>(slot) * v_param_step)
+                     : param_offset(layout.v_param_offset(),
+                                    layout.template param_index<V>(slot, h, 0) * V::param_bytes));
         }
       }
     }
