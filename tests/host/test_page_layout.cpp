@@ -88,6 +88,68 @@ TEST_CASE("NHD and HND orders", "[layout]") {
   CHECK(hnd.element_index(0, 1, 0) == 32);
 }
 
+namespace {
+
+// Every token's row of every head starts where k_rows/v_rows/k_param_rows/v_param_rows say, and
+// element_index and param_index step by token_stride and param_token_stride.
+template <class Layout>
+void check_head_rows(const Layout& l) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  REQUIRE(l.validate().ok());
+  for (std::int32_t h = 0; h < l.num_kv_heads(); ++h) {
+    for (std::int32_t t = 0; t < l.page_size(); ++t) {
+      INFO("head " << h << ", token " << t);
+      for (std::int32_t c = 0; c < l.head_dim(); ++c) {
+        REQUIRE(l.element_index(t, h, c) == l.element_index(0, h, c) + t * l.token_stride());
+        REQUIRE(l.template param_index<K>(t, h, c) ==
+                l.template param_index<K>(0, h, c) + t * l.template param_token_stride<K>());
+        REQUIRE(l.template param_index<V>(t, h, c) ==
+                l.template param_index<V>(0, h, c) + t * l.template param_token_stride<V>());
+      }
+      const auto k = l.k_rows(h);
+      const auto v = l.v_rows(h);
+      CHECK(k.first + t * k.step == l.k_data_offset() + l.element_index(t, h, 0) * K::bits / 8);
+      CHECK(v.first + t * v.step == l.v_data_offset() + l.element_index(t, h, 0) * V::bits / 8);
+      const auto kp = l.k_param_rows(h);
+      const auto vp = l.v_param_rows(h);
+      CHECK(kp.first + t * kp.step ==
+            l.k_param_offset() + l.template param_index<K>(t, h, 0) * K::param_bytes);
+      CHECK(vp.first + t * vp.step ==
+            l.v_param_offset() + l.template param_index<V>(t, h, 0) * V::param_bytes);
+    }
+  }
+}
+
+} // namespace
+
+TEST_CASE("a head's rows are linear in the token", "[layout]") {
+  check_head_rows(kvkit::paged_layout<kvkit::fp16_codec>(4, 3, 8));
+  check_head_rows(
+      kvkit::paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>(5, 2, 16));
+  check_head_rows(kvkit::paged_layout<kvkit::int8_codec>(3, 2, 12));
+  check_head_rows(
+      kvkit::paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>(
+          4, 3, 64));
+  check_head_rows(
+      kvkit::paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<32>>(3, 2, 64));
+  // The steps, spelled out: NHD skips every head, HND the head's own channels; a per-token-group
+  // codec has head_dim / group sets a token, a per-page-channel codec one row for every token.
+  const kvkit::paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<32>> kivi(16, 8,
+                                                                                         128);
+  CHECK(kivi.k_rows(2).first == 2 * 64);
+  CHECK(kivi.k_rows(2).step == 8 * 64);
+  CHECK(kivi.v_rows(0).first == kivi.v_data_offset());
+  CHECK(kivi.k_param_rows(1).first == kivi.k_param_offset() + 128 * 4);
+  CHECK(kivi.k_param_rows(1).step == 0);
+  CHECK(kivi.v_param_rows(1).first == kivi.v_param_offset() + 16 * 4 * 4);
+  CHECK(kivi.v_param_rows(1).step == 4 * 4);
+  const kvkit::paged_layout<kvkit::int8_codec, kvkit::int8_codec, kv_order::hnd> int8(16, 8, 128);
+  CHECK(int8.k_rows(3).first == 3 * 16 * 128);
+  CHECK(int8.k_rows(3).step == 128);
+  CHECK(int8.k_param_rows(3).step == 4);
+}
+
 TEST_CASE("KV memory: the formula, its worked numbers and its inverse", "[layout][kv_memory]") {
   using kvkit::kv_format;
   namespace m = kvkit::models;

@@ -973,28 +973,20 @@ __launch_bounds__(W * 32, (W == decode_warps
     return p.cache + static_cast<std::uint64_t>(static_cast<std::uint32_t>(pg)) *
                          static_cast<std::uint32_t>(p.page_bytes);
   };
-  [[maybe_unused]] const auto row_bytes = [&](std::int64_t elements, int bits) {
-    return static_cast<std::uint32_t>(elements * bits / 8);
+  // The warp's head's rows in a page: token t's at first + t * step (paged_layout::k_rows and the
+  // like), in 32 bits.
+  [[maybe_unused]] const auto narrow = [](std::int64_t n) {
+    return static_cast<std::uint32_t>(n);
   };
-  [[maybe_unused]] const std::uint32_t k_row_at = static_cast<std::uint32_t>(
-      layout.k_data_offset() + row_bytes(layout.element_index(0, h, 0), kf::bits));
-  [[maybe_unused]] const std::uint32_t k_row_step =
-      row_bytes(layout.element_index(1, h, 0) - layout.element_index(0, h, 0), kf::bits);
-  [[maybe_unused]] const std::uint32_t v_row_at = static_cast<std::uint32_t>(
-      layout.v_data_offset() + row_bytes(layout.element_index(0, h, 0), vf::bits));
-  [[maybe_unused]] const std::uint32_t v_row_step =
-      row_bytes(layout.element_index(1, h, 0) - layout.element_index(0, h, 0), vf::bits);
+  [[maybe_unused]] const std::uint32_t k_row_at = narrow(layout.k_rows(h).first);
+  [[maybe_unused]] const std::uint32_t k_row_step = narrow(layout.k_rows(h).step);
+  [[maybe_unused]] const std::uint32_t v_row_at = narrow(layout.v_rows(h).first);
+  [[maybe_unused]] const std::uint32_t v_row_step = narrow(layout.v_rows(h).step);
   // The parameter rows likewise (a lane < 16 reads K's, a lane >= 16 V's: `issue`).
-  [[maybe_unused]] const std::uint32_t k_param_at = static_cast<std::uint32_t>(
-      layout.k_param_offset() + layout.template param_index<K>(0, h, 0) * K::param_bytes);
-  [[maybe_unused]] const std::uint32_t k_param_step = static_cast<std::uint32_t>(
-      (layout.template param_index<K>(1, h, 0) - layout.template param_index<K>(0, h, 0)) *
-      K::param_bytes);
-  [[maybe_unused]] const std::uint32_t v_param_at = static_cast<std::uint32_t>(
-      layout.v_param_offset() + layout.template param_index<V>(0, h, 0) * V::param_bytes);
-  [[maybe_unused]] const std::uint32_t v_param_step = static_cast<std::uint32_t>(
-      (layout.template param_index<V>(1, h, 0) - layout.template param_index<V>(0, h, 0)) *
-      V::param_bytes);
+  [[maybe_unused]] const std::uint32_t k_param_at = narrow(layout.k_param_rows(h).first);
+  [[maybe_unused]] const std::uint32_t k_param_step = narrow(layout.k_param_rows(h).step);
+  [[maybe_unused]] const std::uint32_t v_param_at = narrow(layout.v_param_rows(h).first);
+  [[maybe_unused]] const std::uint32_t v_param_step = narrow(layout.v_param_rows(h).step);
   const auto place = [&](std::int32_t page, std::int32_t slot, key_loc& loc) {
     const bool inside = slot >= 0;
     if constexpr (lean_issue) {
@@ -1072,6 +1064,22 @@ __launch_bounds__(W * 32, (W == decode_warps
   // int4 0.5-1.1% faster at the large shapes, int8 B=64 and B=128, L=512 2% faster.
   const auto param_offset = [](std::int64_t region, std::int64_t in_region) {
     return static_cast<std::int32_t>(region) + static_cast<std::int32_t>(in_region);
+  };
+  // A key's K (`k_side`) or V parameter row's offset in its page: from the head's first row and
+  // step where rows are located in 32 bits, else in the earlier form. Both selects are spelled
+  // whole: with one codec, whose steps are one value, they fold to the select of the first rows
+  // that the kernels were measured with (a step chosen outside the select changed ptxas's code for
+  // every int4 kernel).
+  const auto param_row_of = [&](bool k_side, std::int32_t slot) {
+    if constexpr (narrow_offsets) {
+      return static_cast<std::int32_t>((k_side ? k_param_at : v_param_at) +
+                                       static_cast<std::uint32_t>(slot) *
+                                           (k_side ? k_param_step : v_param_step));
+    } else {
+      return param_offset(k_side ? layout.k_param_offset() : layout.v_param_offset(),
+                          k_side ? layout.template param_index<K>(slot, h, 0) * K::param_bytes
+                                 : layout.template param_index<V>(slot, h, 0) * V::param_bytes);
+    }
   };
   // Copies of the warp's tile (located by `page`/`slot` of lanes 0..15) into stage `st`.
   const auto issue = [&](int st, const key_loc& loc) {
@@ -1152,35 +1160,19 @@ __launch_bounds__(W * 32, (W == decode_warps
     if constexpr (std::is_same_v<K, V> && kf::param_row > 0) {
       // One codec: the V rows follow the K rows in the stage, and one copy serves both halves of
       // the warp.
-      if constexpr (narrow_offsets) {
-        params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
-               static_cast<std::int32_t>((lane < 16 ? k_param_at : v_param_at) +
-                                         static_cast<std::uint32_t>(slot) * k_param_step));
-      } else {
-        params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
-               param_offset(lane < 16 ? layout.k_param_offset() : layout.v_param_offset(),
-                            layout.template param_index<K>(slot, h, 0) * K::param_bytes));
-      }
+      params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
+             param_row_of(lane < 16, slot));
     } else {
       if constexpr (kf::param_row > 0) {
         if (lane < 16) {
           params(std::integral_constant<int, kf::param_row>{}, sl::kp_off + lane * kf::param_row,
-                 narrow_offsets
-                     ? static_cast<std::int32_t>(k_param_at +
-                                                 static_cast<std::uint32_t>(slot) * k_param_step)
-                     : param_offset(layout.k_param_offset(),
-                                    layout.template param_index<K>(slot, h, 0) * K::param_bytes));
+                 param_row_of(true, slot));
         }
       }
       if constexpr (vf::param_row > 0) {
         if (lane >= 16) {
           params(std::integral_constant<int, vf::param_row>{},
-                 sl::vp_off + (lane - 16) * vf::param_row,
-                 narrow_offsets
-                     ? static_cast<std::int32_t>(v_param_at +
-                                                 static_cast<std::uint32_t>(slot) * v_param_step)
-                     : param_offset(layout.v_param_offset(),
-                                    layout.template param_index<V>(slot, h, 0) * V::param_bytes));
+                 sl::vp_off + (lane - 16) * vf::param_row, param_row_of(false, slot));
         }
       }
     }

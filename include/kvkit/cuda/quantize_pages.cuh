@@ -118,18 +118,6 @@ __device__ inline void load_codes(const std::byte* src, std::uint32_t (&q)[8]) {
 // together, so each thread keeps this many accesses in flight.
 inline constexpr std::int32_t tokens_per_cta = 4;
 
-// Page offsets are linear in the token: the step from one token to the next, in elements of the
-// data region and in parameter sets.
-template <class Layout>
-__device__ inline std::int32_t token_step(const Layout& l) {
-  return static_cast<std::int32_t>(l.element_index(1, 0, 0) - l.element_index(0, 0, 0));
-}
-template <kv_codec C, class Layout>
-__device__ inline std::int32_t param_token_step(const Layout& l) {
-  return static_cast<std::int32_t>(l.template param_index<C>(1, 0, 0) -
-                                   l.template param_index<C>(0, 0, 0));
-}
-
 // Where a token row comes from and goes: its input (nullptr when there is no such token), its
 // page and its token index in the page.
 template <class T>
@@ -181,7 +169,7 @@ __device__ void quantize_token_rows(const Layout& l, const Rows& rows, std::int6
   using T = std::remove_cv_t<std::remove_pointer_t<decltype(rows.row(0).src)>>;
   const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8); // chunks per head
   const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
-  const std::int32_t code_step = token_step(l);
+  const std::int32_t code_step = static_cast<std::int32_t>(l.token_stride());
   for (std::uint32_t chunk = threadIdx.x; chunk < chunks; chunk += blockDim.x) {
     const auto head = static_cast<std::int32_t>(chunk / cpr);
     const auto channel = static_cast<std::int32_t>(chunk % cpr) * 8;
@@ -295,8 +283,9 @@ __global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
   const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8);
   const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
   const std::int32_t row_elems = l.num_kv_heads() * l.head_dim();
-  const std::int32_t code_step = token_step(l) * C::bits / 8; // bytes
-  const std::int32_t param_step = param_token_step<C>(l) * C::param_bytes;
+  const std::int32_t code_step = static_cast<std::int32_t>(l.token_stride()) * C::bits / 8; // bytes
+  const std::int32_t param_step =
+      static_cast<std::int32_t>(l.template param_token_stride<C>()) * C::param_bytes;
   T* rows = dst + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems;
   for (std::uint32_t chunk = threadIdx.x; chunk < chunks; chunk += blockDim.x) {
     const auto head = static_cast<std::int32_t>(chunk / cpr);
@@ -591,8 +580,9 @@ __global__ void __maxnreg__(72)
   const T* base = src + static_cast<std::int64_t>(page_index) * l.elements();
   const std::int32_t dim = l.head_dim();
   const std::int32_t tokens = l.page_size();
-  const std::int32_t row = l.num_kv_heads() * dim;  // input elements per token
-  const std::int32_t word_step = token_step(l) / 4; // code words (4 channels) per token
+  const std::int32_t row = l.num_kv_heads() * dim; // input elements per token
+  const std::int32_t word_step =
+      static_cast<std::int32_t>(l.token_stride()) / 4; // code words (4 channels) per token
   const float inf = __int_as_float(0x7F800000);
   const auto quad = static_cast<std::int32_t>(blockIdx.y * blockDim.x + threadIdx.x);
   if (quad < row / 4) {
@@ -759,7 +749,7 @@ __global__ void dequantize_columns_kernel(Layout l, const std::byte* cache,
   const std::int32_t dim = l.head_dim();
   const std::int32_t tokens = l.page_size();
   const std::int32_t row = heads * dim;
-  const std::int32_t code_step = token_step(l);
+  const std::int32_t code_step = static_cast<std::int32_t>(l.token_stride());
   constexpr int batch = 4;
   for (std::int32_t col = static_cast<std::int32_t>(threadIdx.x); col < heads * dim / 8;
        col += static_cast<std::int32_t>(blockDim.x)) {
