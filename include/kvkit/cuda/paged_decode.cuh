@@ -561,6 +561,15 @@ struct stage_layout {
     const int slot = Row < 128 ? key ^ ((key >> 2) & 1) : key;
     return slot * Row + (((offset / 16) ^ (swizzle(key) & (Chunks - 1))) * 16) + offset % 16;
   }
+  // The fragment reads of thread (g, i) = (lane / 4, lane % 4), as offsets in the K and V row
+  // regions: K item `it` of key g + 8 tk, and V item `it` of key 2i + (tv & 1) + 8 (tv >> 1). The
+  // kernel reads there, and reads_conflict_free checks these same offsets.
+  __host__ __device__ static constexpr int k_read(int g, int i, int tk, int it) {
+    return at<k_chunks, k_row>(g + 8 * tk, (4 * it + i) * k_item);
+  }
+  __host__ __device__ static constexpr int v_read(int g, int i, int tv, int it) {
+    return at<v_chunks, v_row>(2 * i + (tv & 1) + 8 * (tv >> 1), (8 * it + g) * v_item);
+  }
   // Whether a warp's read of `Bytes` a lane (4, 8 or 16) at byte `addr(lane)` takes one shared
   // memory wavefront a phase: the lanes are served 128 / Bytes at a time, and a phase is
   // conflict-free when no bank holds two different words of it.
@@ -587,9 +596,7 @@ struct stage_layout {
   static constexpr bool reads_conflict_free() {
     for (int tk = 0; tk < 2; ++tk) {
       for (int it = 0; it < k_items; ++it) {
-        if (!conflict_free<k_item>([&](int lane) {
-              return at<k_chunks, k_row>(lane / 4 + 8 * tk, (4 * it + lane % 4) * k_item);
-            })) {
+        if (!conflict_free<k_item>([&](int lane) { return k_read(lane / 4, lane % 4, tk, it); })) {
           return false;
         }
       }
@@ -597,10 +604,8 @@ struct stage_layout {
     if constexpr (!ldsm_v) {
       for (int tv = 0; tv < 4; ++tv) {
         for (int it = 0; it < v_items; ++it) {
-          if (!conflict_free<v_item>([&](int lane) {
-                return at<v_chunks, v_row>(2 * (lane % 4) + (tv & 1) + 8 * (tv >> 1),
-                                           (8 * it + lane / 4) * v_item);
-              })) {
+          if (!conflict_free<v_item>(
+                  [&](int lane) { return v_read(lane / 4, lane % 4, tv, it); })) {
             return false;
           }
         }
@@ -610,13 +615,16 @@ struct stage_layout {
   }
   static_assert(reads_conflict_free(), "K and V fragment reads without bank conflicts");
   // The kernel's V reads of short rows take keys 2i + x + 8 as eight rows past keys 2i + x (two
-  // offsets worked out before the loop), which holds because `at` repeats every eight keys.
+  // offsets worked out before the loop, in their own spelling, which keeps the code they were
+  // measured in), which holds because `at` repeats every eight keys: the same offsets as v_read's.
   static constexpr bool short_v_rows_repeat() {
-    for (int key = 0; key < 8; ++key) {
-      for (int g = 0; g < 8; ++g) {
-        if (at<v_chunks, v_row>(key + 8, g * v_item) !=
-            at<v_chunks, v_row>(key, g * v_item) + 8 * v_row) {
-          return false;
+    for (int g = 0; g < 8; ++g) {
+      for (int i = 0; i < 4; ++i) {
+        for (int tv = 0; tv < 4; ++tv) {
+          if (v_read(g, i, tv, 0) !=
+              at<v_chunks, v_row>(2 * i + (tv & 1), g * v_item) + (tv >> 1) * 8 * v_row) {
+            return false;
+          }
         }
       }
     }
@@ -1332,10 +1340,8 @@ __launch_bounds__(W * 32, (W == decode_warps
       for (int tk = 0; tk < 2; ++tk) {
 #pragma unroll
         for (int it = 0; it < sl::k_items; ++it) {
-          lds<sl::k_item>(
-              st + sl::k_off +
-                  sl::template at<sl::k_chunks, sl::k_row>(g + 8 * tk, (4 * it + i) * sl::k_item),
-              &kw[kt][tk][it * sl::k_item / 4]);
+          lds<sl::k_item>(st + sl::k_off + sl::k_read(g, i, tk, it),
+                          &kw[kt][tk][it * sl::k_item / 4]);
         }
 #pragma unroll
         for (int w = 0; w < kf::k_param_words; ++w) {
@@ -1372,9 +1378,7 @@ __launch_bounds__(W * 32, (W == decode_warps
         for (int tv = 0; tv < 4; ++tv) {
 #pragma unroll
           for (int it = 0; it < sl::v_items; ++it) {
-            lds<sl::v_item>(st + sl::v_off +
-                                sl::template at<sl::v_chunks, sl::v_row>(
-                                    2 * i + (tv & 1) + 8 * (tv >> 1), (8 * it + g) * sl::v_item),
+            lds<sl::v_item>(st + sl::v_off + sl::v_read(g, i, tv, it),
                             &vw[kt][tv][it * sl::v_item / 4]);
           }
         }
