@@ -648,6 +648,18 @@ struct stage_layout {
     const int flip = (((x & 1) << a) ^ (((x >> 1) & 1) << b) ^ (((x >> 2) & 1) << (b + 1))) * 4;
     return row * D + (ch ^ (flip & (D - 1)));
   }
+  // The merge's stores of thread (g, i) = (lane / 4, lane % 4), in `red_at`'s coordinates: row
+  // 2i + c of a query tile (the tile's first row added), and at store `n` channel 8n + g (the
+  // ldmatrix kernels, a float a store) or the four channels from vf::v_abs(g, 4n) (a float4). The
+  // kernel stores there, and stores_conflict_free checks these same places.
+  __host__ __device__ static constexpr int red_store_row(int i, int c) { return 2 * i + c; }
+  __host__ __device__ static constexpr int red_store_ch(int g, int n) {
+    if constexpr (ldsm_v) {
+      return 8 * n + g;
+    } else {
+      return vf::v_abs(g, 4 * n);
+    }
+  }
   // Whether the merge's stores of a warp's outputs (rows 2i + c of a query tile) are each
   // conflict-free with this swizzle.
   static constexpr bool stores_conflict_free(int swz) {
@@ -655,7 +667,7 @@ struct stage_layout {
       if constexpr (ldsm_v) {
         for (int mm = 0; mm < D / 8; ++mm) {
           if (!conflict_free<4>([&](int lane) {
-                return 4 * red_at_by(swz, 2 * (lane % 4) + c, 8 * mm + lane / 4);
+                return 4 * red_at_by(swz, red_store_row(lane % 4, c), red_store_ch(lane / 4, mm));
               })) {
             return false;
           }
@@ -663,7 +675,7 @@ struct stage_layout {
       } else {
         for (int q = 0; q < D / 32; ++q) {
           if (!conflict_free<16>([&](int lane) {
-                return 4 * red_at_by(swz, 2 * (lane % 4) + c, vf::v_abs(lane / 4, 4 * q));
+                return 4 * red_at_by(swz, red_store_row(lane % 4, c), red_store_ch(lane / 4, q));
               })) {
             return false;
           }
@@ -1648,7 +1660,7 @@ __launch_bounds__(W * 32, (W == decode_warps
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const int row = nt * 8 + 2 * i + c;
+      const int row = nt * 8 + sl::red_store_row(i, c);
       if (g == 0) {
         red_m[warp * rows + row] = m[nt][c];
         red_l[warp * rows + row] = l[nt][c];
@@ -1657,7 +1669,8 @@ __launch_bounds__(W * 32, (W == decode_warps
         // Channel 8 (2j + half) + g of m-tile j's row half, one at a time.
 #pragma unroll
         for (int mm = 0; mm < 2 * ksteps; ++mm) {
-          red_o[warp * rows * D + sl::red_at(row, 8 * mm + g)] = o[nt][mm / 2][c + 2 * (mm % 2)];
+          red_o[warp * rows * D + sl::red_at(row, sl::red_store_ch(g, mm))] =
+              o[nt][mm / 2][c + 2 * (mm % 2)];
         }
       } else {
         // The thread's relative V channels four at a time (vf::v_abs keeps each four together).
@@ -1670,7 +1683,7 @@ __launch_bounds__(W * 32, (W == decode_warps
             v[e] = o[nt][at / 2][c + 2 * (at % 2)];
           }
           *reinterpret_cast<float4*>(red_o + warp * rows * D +
-                                     sl::red_at(row, vf::v_abs(g, 4 * q))) =
+                                     sl::red_at(row, sl::red_store_ch(g, q))) =
               make_float4(v[0], v[1], v[2], v[3]);
         }
       }
