@@ -570,6 +570,12 @@ struct stage_layout {
   __host__ __device__ static constexpr int v_read(int g, int i, int tv, int it) {
     return at<v_chunks, v_row>(2 * i + (tv & 1) + 8 * (tv >> 1), (8 * it + g) * v_item);
   }
+  // With ldsm_v, lane l's row address for m-tile j's `ldmatrix.x4.trans`: matrix l / 8 (keys 0-7
+  // of chunk 2j, of chunk 2j + 1, then keys 8-15 of each), row l % 8 of it.
+  __host__ __device__ static constexpr int v_ldsm_read(int lane, int j) {
+    const int block = lane / 8;
+    return at<v_chunks, v_row>(lane % 8 + 8 * (block >> 1), (2 * j + (block & 1)) * 16);
+  }
   // Whether a warp's read of `Bytes` a lane (4, 8 or 16) at byte `addr(lane)` takes one shared
   // memory wavefront a phase: the lanes are served 128 / Bytes at a time, and a phase is
   // conflict-free when no bank holds two different words of it.
@@ -601,7 +607,14 @@ struct stage_layout {
         }
       }
     }
-    if constexpr (!ldsm_v) {
+    if constexpr (ldsm_v) {
+      // An ldmatrix reads one matrix's eight 16-byte rows a phase (lanes 8m .. 8m + 7).
+      for (int j = 0; j < D / 16; ++j) {
+        if (!conflict_free<16>([&](int lane) { return v_ldsm_read(lane, j); })) {
+          return false;
+        }
+      }
+    } else {
       for (int tv = 0; tv < 4; ++tv) {
         for (int it = 0; it < v_items; ++it) {
           if (!conflict_free<v_item>(
@@ -1368,14 +1381,9 @@ __launch_bounds__(W * 32, (W == decode_warps
       if constexpr (sl::ldsm_v) {
         // Blocks of m-tile j: keys 0-7 of chunk 2j, keys 0-7 of chunk 2j + 1, then keys 8-15 of
         // each (the A operand's a0..a3: rows g and g + 8, keys 2i and 2i + 8).
-        const int block = lane / 8;
-        const int key = lane % 8 + 8 * (block >> 1);
 #pragma unroll
         for (int j = 0; j < ksteps; ++j) {
-          ldsm_x4_trans(
-              st + sl::v_off +
-                  sl::template at<sl::v_chunks, sl::v_row>(key, (2 * j + (block & 1)) * 16),
-              va[kt][j]);
+          ldsm_x4_trans(st + sl::v_off + sl::v_ldsm_read(lane, j), va[kt][j]);
         }
       } else if constexpr (sl::v_row < 128) {
         static_assert(sl::v_items == 1, "a short row's V item is the thread's whole V share");
