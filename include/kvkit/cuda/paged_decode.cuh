@@ -767,10 +767,25 @@ struct stage_layout {
 
 inline constexpr int decode_warps = 4;
 
+// Pipeline stages a warp keeps: stage_layout's, but at most three in a block of more than
+// decode_warps warps (the wide kernel: int4 on a grid of at most one block per SM). Its prologue,
+// which reads the page ids and sets up the copies of every stage, is then 421 sm_90a instructions
+// shorter at head dim 128, and eight warps of three stages still keep 60 KB an SM in flight.
+// H200, int4 g32 at head dim 128 against five stages, one call, three rounds, best of each: B=1,
+// L=2048 (two tiles a warp) 3.6-5.4% faster (HND g4 5.15 to 4.87 us, NHD g8 5.43 to 5.15); splits
+// of 1024 keys at L=8192 (eight tiles a warp, through the benchmark's overrides) 5.6-6.9%, of 4096
+// at L=32768 0.8-2.5%; four stages gained about half as much at L=2048. The wide kernels at head
+// dim 64 and at groups over 8 take the same rule, unmeasured.
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
+constexpr int decode_stages() {
+  constexpr int ring = stage_layout<K, V, D, NT, KT>::stages;
+  return W == decode_warps || ring <= 3 ? ring : 3;
+}
+
 template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT, KT>;
-  constexpr int pipeline = W * sl::stages * sl::bytes;
+  constexpr int pipeline = W * decode_stages<K, V, D, NT, KT, W>() * sl::bytes;
   // The warps' states for the block's merge.
   constexpr int merge = W * NT * 8 * (D + 2) * 4;
   return pipeline > merge ? pipeline : merge;
@@ -823,7 +838,7 @@ __launch_bounds__(W * 32, (W == decode_warps
   using sl = stage_layout<K, V, D, NT, KT>;
   using kmma = typename kf::mma_t;
   using vmma = typename vf::mma_t;
-  constexpr int stages = sl::stages;
+  constexpr int stages = decode_stages<K, V, D, NT, KT, W>();
   constexpr int ksteps = D / 16;
   constexpr float log2e = 1.4426950408889634F;
   // The stages start on a 128-byte boundary. A 16-byte static flag once sat before them, which
