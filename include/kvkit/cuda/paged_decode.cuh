@@ -767,19 +767,28 @@ struct stage_layout {
 
 inline constexpr int decode_warps = 4;
 
-// Pipeline stages a warp keeps: stage_layout's, but at most three in a block of more than
-// decode_warps warps (the wide kernel: int4 on a grid of at most one block per SM). Its prologue,
-// which reads the page ids and sets up the copies of every stage, is then 421 sm_90a instructions
-// shorter at head dim 128, and eight warps of three stages still keep 60 KB an SM in flight.
-// H200, int4 g32 at head dim 128 against five stages, one call, three rounds, best of each: B=1,
-// L=2048 (two tiles a warp) 3.6-5.4% faster (HND g4 5.15 to 4.87 us, NHD g8 5.43 to 5.15); splits
-// of 1024 keys at L=8192 (eight tiles a warp, through the benchmark's overrides) 5.6-6.9%, of 4096
-// at L=32768 0.8-2.5%; four stages gained about half as much at L=2048. The wide kernels at head
-// dim 64 and at groups over 8 take the same rule, unmeasured.
+// Pipeline stages a warp keeps: stage_layout's, but at most three in the one-tile kernels of an
+// int4 cache at head dim 128 with groups up to 8 (stage_layout gives five) and in every wide
+// kernel (int4, blocks of more than decode_warps warps on a grid of at most one block per SM). The
+// prologue, which reads the page ids and sets up the copies of every stage, is then shorter (the
+// wide kernel's by 421 sm_90a instructions at head dim 128), and 16 warps an SM of three stages
+// (eight in the wide kernel) still keep 60-120 KB an SM in flight; two stages would leave too
+// little shared memory for the split merge. H200, int4 g32 at head dim 128 against five stages,
+// each in one call, best of each row:
+// - the four-warp kernel (two rounds, 80 rows, geometric mean 0.986): 8-13% faster at B=64 and
+//   128, L=512 (eight tiles a warp), 2-5.5% at L=2048, 0-2.9% at the large shapes in NHD pages
+//   (B=128, L=32768 g8 1767 to 1727 us), from 0.3% slower to 1.8% faster in HND pages; four
+//   stages about half of that;
+// - the wide kernel (three rounds): B=1, L=2048 (two tiles a warp) 3.6-5.4% faster (HND g4 5.15
+//   to 4.87 us, NHD g8 5.43 to 5.15); splits of 1024 keys at L=8192 (eight tiles a warp, through
+//   the benchmark's overrides) 5.6-6.9%, of 4096 at L=32768 0.8-2.5%.
+// The wide kernels at head dim 64 and at groups over 8 take the same rule, unmeasured.
 template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
 constexpr int decode_stages() {
   constexpr int ring = stage_layout<K, V, D, NT, KT>::stages;
-  return W == decode_warps || ring <= 3 ? ring : 3;
+  constexpr bool int4_one_tile =
+      KT == 1 && D == 128 && NT == 1 && frag<K, D>::bits == 4 && frag<V, D>::bits == 4;
+  return (W != decode_warps || int4_one_tile) && ring > 3 ? 3 : ring;
 }
 
 template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
