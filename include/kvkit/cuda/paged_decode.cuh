@@ -746,9 +746,10 @@ struct stage_layout {
   // Resident blocks per SM (decode_blocks_per_sm, which the plan also uses) and pipeline bytes
   // per warp. Four blocks for a quantized cache (head dim up to 128, groups up to 8): 228 KB of
   // shared memory per SM, 1 KB of it reserved per block, leaves 14 KB a warp, three fp8 or int8
-  // stages or five int4 ones; the kernel is then held to 128 registers. Otherwise two blocks with
-  // 24 KB a warp, or 16 KB when K or V is int4: a third block fits where registers allow, and its
-  // warps gain more than deeper stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52).
+  // stages or five int4 ones (of which the kernel keeps three at head dim 128: decode_stages); the
+  // kernel is then held to 128 registers. Otherwise two blocks with 24 KB a warp, or 16 KB when K
+  // or V is int4: a third block fits where registers allow, and its warps gain more than deeper
+  // stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52).
   // The two-tile kernel (KT = 2) runs two blocks per SM (one where the grid has at most one a
   // SM) with 24 KB a warp: at head dim 128, five or six stages of an 8-bit cache and eight of an
   // int4 one, so that two tiles or more stay in flight while a step computes two (H200, fp8 and
