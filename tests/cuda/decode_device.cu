@@ -34,6 +34,19 @@ static_assert(
     !kd::decode_two_tiles_fit<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 256, 1>());
 static_assert(!kd::decode_two_tiles_fit<kvkit::int8_codec, kvkit::int4_group_codec<64>, 128, 1>());
 
+// The two-tile kernel's second build for long blocks (decode_long_ring_fit): int4 at head dim 128
+// only, at four stages where the other keeps eight.
+using int4_g32 = kvkit::int4_group_codec<32>;
+static_assert(kd::decode_long_ring_fit<int4_g32, int4_g32, 128, 1>());
+static_assert(
+    kd::decode_long_ring_fit<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, 128, 1>());
+static_assert(!kd::decode_long_ring_fit<int4_g32, int4_g32, 64, 1>());
+static_assert(!kd::decode_long_ring_fit<int4_g32, int4_g32, 128, 2>());
+static_assert(!kd::decode_long_ring_fit<kvkit::int8_codec, kvkit::int8_codec, 128, 1>());
+static_assert(!kd::decode_long_ring_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1>());
+static_assert(kd::decode_stages<int4_g32, int4_g32, 128, 1, 2>() == 8);
+static_assert(kd::decode_stages<int4_g32, int4_g32, 128, 1, 2, kd::decode_warps, true>() == 4);
+
 // Shared memory without bank conflicts, checked lane by lane at compile time (stage_layout): the
 // K and V fragment reads of every kernel (a static_assert in stage_layout itself), and the block
 // merge's stores of these caches, with one query tile and with two. An int4 V cache at head dim
@@ -517,6 +530,7 @@ KVKIT_DECODE_CASE(128, e4m3_hnd, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, int4_32_hnd, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, int8_k_int4_v, __half)
 KVKIT_DECODE_CASE(64, int4_32, __nv_bfloat16)
+KVKIT_DECODE_CASE(128, int4_32, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, bf16_nhd, __half)
 
 } // namespace kvkit_test

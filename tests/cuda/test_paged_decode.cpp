@@ -205,7 +205,7 @@ std::int32_t pages_for(const Layout& layout, const std::vector<std::int32_t>& le
 template <int D, class Layout, class T>
 void check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
                   std::uint64_t seed, const kvkit::attention_options& options = {},
-                  std::int32_t sm_count = 132) {
+                  std::int32_t sm_count = 132, bool clusters_fit = true) {
   const std::int32_t q_heads = group * layout.num_kv_heads();
   problem<Layout> pr(layout, pages_for(layout, lens) + 7, seed);
   const auto step = pr.template make_step<T>(lens, q_heads);
@@ -221,12 +221,14 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
   REQUIRE(got.error == cudaSuccess);
   check_step<Layout, T>(pr, step, q_heads, options, got.out[0], got.lse[0]);
   CHECK(got.past_workspace_intact);
-  // The tests' grids are small enough for every cluster to fit: a plan of up to 8 splits merges in
-  // clusters on a device that has them.
+  // Unless the caller says otherwise (`clusters_fit`), the grid is small enough for every cluster
+  // to fit: a plan of up to 8 splits merges in clusters on a device that has them.
   const merged path = got.max_splits <= 1     ? merged::none
                       : got.workspace_written ? merged::workspace
                                               : merged::clusters;
-  CHECK(path == expected_merge(got.max_splits, got.cluster_device));
+  if (clusters_fit) {
+    CHECK(path == expected_merge(got.max_splits, got.cluster_device));
+  }
 }
 
 // Each step of a bf16 multi-step run (default options) against the reference.
@@ -371,6 +373,49 @@ TEST_CASE("paged_decode: fp8 whole sequences in one wave of two blocks per SM", 
   check_decode<128, paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>(nhd, 2, lens, seed, {},
                                                                         132);
   check_decode<128, fp8_hnd, __nv_bfloat16>(hnd, 2, lens, seed + 1, {}, 132);
+}
+
+TEST_CASE("paged_decode: int4 blocks of 2048 keys on the two-tile kernel's shallow build",
+          "[cuda][decode]") {
+  // Plans for 132 SMs whose blocks take 2048 keys on the two-tile kernel, which the launcher then
+  // runs built with four stages (kvkit::cuda::detail::decode_long_ring_fit): 32 sequences of 1985
+  // to 2048 keys over 8 KV heads, whole (256 blocks), in HND pages; and 7 sequences of 8096 to
+  // 8192 keys in NHD pages, cut into 4 splits of 2048 (224 blocks) that merge in clusters of 4
+  // (56 clusters, which fit at two blocks per SM; the 64 of 8 sequences do not all fit on the
+  // H200, and those splits merge through the workspace: the third case, whose merge path the
+  // device decides). Lengths vary, so last tiles and pages are partial.
+  const std::uint64_t seed = kvkit_test::test_seed(0x10A6);
+  std::vector<std::int32_t> whole(32);
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    whole[i] = 2048 - static_cast<std::int32_t>(i * 37 % 64);
+  }
+  std::vector<std::int32_t> split(7);
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    split[i] = 8192 - static_cast<std::int32_t>(i * 29 % 97);
+  }
+  std::vector<std::int32_t> eight = split;
+  eight.push_back(8150);
+  using int4_hnd =
+      paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
+  using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
+  const int4_hnd hnd(16, 8, 128);
+  const int4_nhd nhd(16, 8, 128);
+  for (const std::int32_t group : {4, 8}) {
+    for (const auto& [shape, lens] :
+         {std::pair{kvkit::decode_shape_for(hnd, 32, 8 * group), whole},
+          std::pair{kvkit::decode_shape_for(nhd, 7, 8 * group), split},
+          std::pair{kvkit::decode_shape_for(nhd, 8, 8 * group), eight}}) {
+      const auto plan = kvkit::plan_decode(shape, lens, 132);
+      REQUIRE(plan.ok());
+      INFO("group " << group << " chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
+      REQUIRE(plan->two_tiles);
+      REQUIRE(plan->chunk_tokens == 2048);
+    }
+    const auto s = seed + static_cast<std::uint64_t>(group);
+    check_decode<128, int4_hnd, __nv_bfloat16>(hnd, group, whole, s);
+    check_decode<128, int4_nhd, __nv_bfloat16>(nhd, group, split, s + 10);
+    check_decode<128, int4_nhd, __nv_bfloat16>(nhd, group, eight, s + 20, {}, 132, false);
+  }
 }
 
 TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][decode]") {

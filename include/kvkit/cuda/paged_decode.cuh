@@ -753,7 +753,8 @@ struct stage_layout {
   // The two-tile kernel (KT = 2) runs two blocks per SM (one where the grid has at most one a
   // SM) with 24 KB a warp: at head dim 128, five or six stages of an 8-bit cache and eight of an
   // int4 one, so that two tiles or more stay in flight while a step computes two (H200, fp8 and
-  // int8: 32 or 48 KB a warp 1-5% slower). Two blocks of its 80-96 KB fit, and its registers
+  // int8: 32 or 48 KB a warp 1-5% slower); int4 blocks of 2048 keys or more run a build that keeps
+  // four (decode_long_ring_fit). Two blocks of its 80-96 KB fit, and its registers
   // (fp8 198, int8 208, int4 184 at head dim 128) are under the cap of two.
   static constexpr int blocks_per_sm =
       KT == 2
@@ -784,18 +785,24 @@ inline constexpr int decode_warps = 4;
 //   to 4.87 us, NHD g8 5.43 to 5.15); splits of 1024 keys at L=8192 (eight tiles a warp, through
 //   the benchmark's overrides) 5.6-6.9%, of 4096 at L=32768 0.8-2.5%.
 // The wide kernels at head dim 64 and at groups over 8 take the same rule, unmeasured.
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
+//
+// `Long`: a build for blocks of decode_long_block_keys keys or more (decode_long_ring_fit), which
+// keeps at most four stages.
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, bool Long = false>
 constexpr int decode_stages() {
   constexpr int ring = stage_layout<K, V, D, NT, KT>::stages;
+  if constexpr (Long) {
+    return ring > 4 ? 4 : ring;
+  }
   constexpr bool int4_one_tile =
       KT == 1 && D == 128 && NT == 1 && frag<K, D>::bits == 4 && frag<V, D>::bits == 4;
   return (W != decode_warps || int4_one_tile) && ring > 3 ? 3 : ring;
 }
 
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, bool Long = false>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT, KT>;
-  constexpr int pipeline = W * decode_stages<K, V, D, NT, KT, W>() * sl::bytes;
+  constexpr int pipeline = W * decode_stages<K, V, D, NT, KT, W, Long>() * sl::bytes;
   // The warps' states for the block's merge.
   constexpr int merge = W * NT * 8 * (D + 2) * 4;
   return pipeline > merge ? pipeline : merge;
@@ -806,9 +813,9 @@ constexpr int decode_smem_bytes() {
 // to it (float4 each: every output of the group goes to one block, its owner) and their
 // log2-sum-exps. Sized for the largest group of the kernel and the most splits a cluster holds:
 // a block owns at most ceil(outputs / splits) of them from each split.
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, bool Long = false>
 constexpr int decode_mailbox_offset() {
-  return (decode_smem_bytes<K, V, D, NT, KT, W>() + 127) / 128 * 128;
+  return (decode_smem_bytes<K, V, D, NT, KT, W, Long>() + 127) / 128 * 128;
 }
 // Bytes one split sends an owner per output: the float4 and its log2-sum-exp.
 inline constexpr int decode_mailbox_entry_bytes = 4 * 4 + 4;
@@ -818,9 +825,9 @@ constexpr int decode_mailbox_bytes() {
   return 16 + ((outputs + decode_plan::max_cluster_splits - 1) * decode_mailbox_entry_bytes + 15) /
                   16 * 16;
 }
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, bool Long = false>
 constexpr int decode_cluster_smem_bytes() {
-  return decode_mailbox_offset<K, V, D, NT, KT, W>() + decode_mailbox_bytes<D, NT>();
+  return decode_mailbox_offset<K, V, D, NT, KT, W, Long>() + decode_mailbox_bytes<D, NT>();
 }
 
 // Whether the two-tile kernel serves these codecs and shapes: fp8, int8 and int4 caches (K and V
@@ -835,7 +842,25 @@ constexpr bool decode_two_tiles_fit() {
          stage_layout<K, V, D, NT, 2>::stages >= 4;
 }
 
-template <class Layout, class T, int D, int NT, int KT, int W>
+// Whether the launcher runs blocks of decode_long_block_keys keys or more on a second build of
+// the two-tile kernel that keeps at most four stages (decode_stages' `Long`): an int4 cache at
+// head dim 128, where the kernel otherwise keeps eight. A warp of such a block takes 32 tiles or
+// more, and with four stages each step waits for its own two tiles' copies with none of the next
+// step's in flight; with eight, a short block's warps have all their tiles in flight from the
+// prologue. H200, int4 g32, this build against the single one in one call, three rounds, best of
+// each: blocks of 2048 keys 4.5-5.8% faster at B=32, L=2048 (whole sequences, NHD and HND pages;
+// NHD g4 31.44 to 29.65 us) and 1.3-4.1% at B=8, L=8192 (four splits, NHD pages), 9.3-9.6% at
+// B=32, L=2048 with pages of one token; every other int4 kernel's code unchanged. Four stages for
+// every block were tried before and lost at shorter blocks: 256 keys (B=1, L=8192) 3.7-4.8%
+// slower, 1024 (B=1, L=32768) from 3.2% faster to 1.6% slower.
+template <class K, class V, int D, int NT>
+constexpr bool decode_long_ring_fit() {
+  return decode_two_tiles_fit<K, V, D, NT>() && frag<K, D>::bits == 4 && D == 128 &&
+         stage_layout<K, V, D, NT, 2>::stages > 4;
+}
+inline constexpr std::int32_t decode_long_block_keys = 2048;
+
+template <class Layout, class T, int D, int NT, int KT, int W, bool Long>
 __global__ void
 __launch_bounds__(W * 32, (W == decode_warps
                                ? stage_layout<typename Layout::k_codec, typename Layout::v_codec, D,
@@ -848,7 +873,7 @@ __launch_bounds__(W * 32, (W == decode_warps
   using sl = stage_layout<K, V, D, NT, KT>;
   using kmma = typename kf::mma_t;
   using vmma = typename vf::mma_t;
-  constexpr int stages = decode_stages<K, V, D, NT, KT, W>();
+  constexpr int stages = decode_stages<K, V, D, NT, KT, W, Long>();
   constexpr int ksteps = D / 16;
   constexpr float log2e = 1.4426950408889634F;
   // The stages start on a 128-byte boundary. A 16-byte static flag once sat before them, which
@@ -875,7 +900,7 @@ __launch_bounds__(W * 32, (W == decode_warps
   // earlier memory operations, on the chain to the first tiles). Blocks whose splits do merge in
   // the cluster wait on it once the prologue's copies are in flight; the others never read it.
   std::uint64_t* const mailbox = reinterpret_cast<std::uint64_t*>(
-      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT, W>());
+      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT, W, Long>());
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {
     if (threadIdx.x == 0) {
@@ -1881,7 +1906,7 @@ __launch_bounds__(W * 32, (W == decode_warps
   // splits there are. Meanwhile one warp per head turns the splits' log-sum-exps into weights
   // exp2(lse - max) there; then each thread sums the weighted partials of its outputs. The first
   // 128 bytes hold the arrival flag, which other threads may still be reading.
-  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT, KT, W>();
+  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT, KT, W, Long>();
   constexpr int threads = W * 32;
   constexpr int max_outputs = (16 * quads + threads - 1) / threads;
   static_assert(128 + (16 * decode_plan::max_splits_limit + 16) * 4 + 16 * D * 4 <= smem_bytes,
@@ -2066,7 +2091,7 @@ std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_pl
 
 // One launch of the kernel taking KT tiles a step with blocks of W warps on `device`, which has
 // `sms` multiprocessors, for a grid of `blocks` (decode_grid_blocks).
-template <class Layout, class T, int D, int NT, int KT, int W = decode_warps>
+template <class Layout, class T, int D, int NT, int KT, int W = decode_warps, bool Long = false>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream, int device, std::int32_t sms, std::int64_t blocks) {
   using K = typename Layout::k_codec;
@@ -2102,9 +2127,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     p.part_lse = reinterpret_cast<float*>(ws + plan.counter_bytes());
     p.part_o = reinterpret_cast<float*>(ws + plan.partial_outputs_offset());
   }
-  constexpr int smem = decode_smem_bytes<K, V, D, NT, KT, W>();
-  constexpr int cluster_smem = decode_cluster_smem_bytes<K, V, D, NT, KT, W>();
-  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W>;
+  constexpr int smem = decode_smem_bytes<K, V, D, NT, KT, W, Long>();
+  constexpr int cluster_smem = decode_cluster_smem_bytes<K, V, D, NT, KT, W, Long>();
+  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W, Long>;
   // The shared-memory limit is raised once per device (a host call per launch would cost more
   // than a small decode takes on the GPU).
   static std::atomic<std::uint64_t> raised{0};
@@ -2279,6 +2304,13 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                             kvkit::detail::one_wave_of_two(blocks, sms);
     if ((((small_grid || whole_wave) && eight_bit) || plan.two_tiles) &&
         plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
+      if constexpr (decode_long_ring_fit<typename Layout::k_codec, typename Layout::v_codec, D,
+                                         NT>()) {
+        if (plan.chunk_tokens >= decode_long_block_keys) {
+          return launch_decode<Layout, T, D, NT, 2, decode_warps, true>(a, plan, workspace, stream,
+                                                                        device, sms, blocks);
+        }
+      }
       return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, sms, blocks);
     }
   }
