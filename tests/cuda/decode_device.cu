@@ -34,8 +34,8 @@ static_assert(
     !kd::decode_two_tiles_fit<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, 256, 1>());
 static_assert(!kd::decode_two_tiles_fit<kvkit::int8_codec, kvkit::int4_group_codec<64>, 128, 1>());
 
-// The two-tile kernel's second build for long blocks (decode_long_ring_fit): int4 at head dim 128
-// only, at four stages where the other keeps eight.
+// The two-tile kernel's second build for long blocks (decode_long_ring_fit): int4 and fp8 at head
+// dim 128 only, at four stages where the other keeps eight (int4) or six (fp8); not int8.
 using int4_g32 = kvkit::int4_group_codec<32>;
 static_assert(kd::decode_long_ring_fit<int4_g32, int4_g32, 128, 1>());
 static_assert(
@@ -43,7 +43,14 @@ static_assert(
 static_assert(!kd::decode_long_ring_fit<int4_g32, int4_g32, 64, 1>());
 static_assert(!kd::decode_long_ring_fit<int4_g32, int4_g32, 128, 2>());
 static_assert(!kd::decode_long_ring_fit<kvkit::int8_codec, kvkit::int8_codec, 128, 1>());
-static_assert(!kd::decode_long_ring_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1>());
+static_assert(kd::decode_long_ring_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1>());
+static_assert(!kd::decode_long_ring_fit<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, 64, 1>());
+static_assert(!kd::decode_long_ring_fit<kvkit::int8_codec, kvkit::fp8_e4m3_codec, 128, 1>());
+static_assert(kd::decode_long_block_keys<int4_g32> == 2048);
+static_assert(kd::decode_long_block_keys<kvkit::fp8_e4m3_codec> == 8192);
+static_assert(kd::decode_stages<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1, 2>() == 6);
+static_assert(kd::decode_stages<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1, 2,
+                                kd::decode_warps, true>() == 4);
 static_assert(kd::decode_stages<int4_g32, int4_g32, 128, 1, 2>() == 8);
 static_assert(kd::decode_stages<int4_g32, int4_g32, 128, 1, 2, kd::decode_warps, true>() == 4);
 

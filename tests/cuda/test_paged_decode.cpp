@@ -381,9 +381,8 @@ TEST_CASE("paged_decode: int4 blocks of 2048 keys on the two-tile kernel's shall
   // runs built with four stages (kvkit::cuda::detail::decode_long_ring_fit): 32 sequences of 1985
   // to 2048 keys over 8 KV heads, whole (256 blocks), in HND pages; and 7 sequences of 8096 to
   // 8192 keys in NHD pages, cut into 4 splits of 2048 (224 blocks) that merge in clusters of 4
-  // (56 clusters, which fit at two blocks per SM; the 64 of 8 sequences do not all fit on the
-  // H200, and those splits merge through the workspace: the third case, whose merge path the
-  // device decides). Lengths vary, so last tiles and pages are partial.
+  // (56 clusters, which fit at two blocks per SM). Lengths vary, so last tiles and pages are
+  // partial. (The fp8 case below merges the same build's splits through the workspace.)
   const std::uint64_t seed = kvkit_test::test_seed(0x10A6);
   std::vector<std::int32_t> whole(32);
   for (std::size_t i = 0; i < whole.size(); ++i) {
@@ -393,29 +392,60 @@ TEST_CASE("paged_decode: int4 blocks of 2048 keys on the two-tile kernel's shall
   for (std::size_t i = 0; i < split.size(); ++i) {
     split[i] = 8192 - static_cast<std::int32_t>(i * 29 % 97);
   }
-  std::vector<std::int32_t> eight = split;
-  eight.push_back(8150);
   using int4_hnd =
       paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
   using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
   const int4_hnd hnd(16, 8, 128);
   const int4_nhd nhd(16, 8, 128);
-  for (const std::int32_t group : {4, 8}) {
-    for (const auto& [shape, lens] :
-         {std::pair{kvkit::decode_shape_for(hnd, 32, 8 * group), whole},
-          std::pair{kvkit::decode_shape_for(nhd, 7, 8 * group), split},
-          std::pair{kvkit::decode_shape_for(nhd, 8, 8 * group), eight}}) {
-      const auto plan = kvkit::plan_decode(shape, lens, 132);
-      REQUIRE(plan.ok());
-      INFO("group " << group << " chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
-      REQUIRE(plan->two_tiles);
-      REQUIRE(plan->chunk_tokens == 2048);
-    }
-    const auto s = seed + static_cast<std::uint64_t>(group);
-    check_decode<128, int4_hnd, __nv_bfloat16>(hnd, group, whole, s);
-    check_decode<128, int4_nhd, __nv_bfloat16>(nhd, group, split, s + 10);
-    check_decode<128, int4_nhd, __nv_bfloat16>(nhd, group, eight, s + 20, {}, 132, false);
+  for (const auto& [shape, lens] : {std::pair{kvkit::decode_shape_for(hnd, 32, 64), whole},
+                                    std::pair{kvkit::decode_shape_for(nhd, 7, 32), split}}) {
+    const auto plan = kvkit::plan_decode(shape, lens, 132);
+    REQUIRE(plan.ok());
+    INFO("chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
+    REQUIRE(plan->two_tiles);
+    REQUIRE(plan->chunk_tokens == 2048);
   }
+  check_decode<128, int4_hnd, __nv_bfloat16>(hnd, 8, whole, seed);
+  check_decode<128, int4_nhd, __nv_bfloat16>(nhd, 4, split, seed + 1);
+}
+
+TEST_CASE("paged_decode: fp8 blocks of 8192 keys on the two-tile kernel's shallow build",
+          "[cuda][decode]") {
+  // Plans for 132 SMs over 8 KV heads of one wave of four blocks per SM of split sequences,
+  // which the launcher runs as half the splits of twice the keys, 8192 or more, one wave of two
+  // blocks per SM on the two-tile kernel built with four stages
+  // (kvkit::cuda::detail::decode_long_ring_fit), on a device of 128 to 255 SMs (the H200's 132;
+  // the one-tile kernel on the plan's splits elsewhere, with the same results): 8 sequences of
+  // 32672 to 32768 keys in NHD pages (8 splits of 4096, run as 4 of 8192 that merge in clusters
+  // or, where the device does not fit all 64, through the workspace); and 24 sequences of 8096 to
+  // 8192 keys in HND pages (2 splits of 4096, run whole). Lengths vary, so last tiles and pages
+  // are partial.
+  const std::uint64_t seed = kvkit_test::test_seed(0xF8A4);
+  const auto lengths = [](std::size_t n, std::int32_t longest) {
+    std::vector<std::int32_t> lens(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      lens[i] = longest - static_cast<std::int32_t>(i * 37 % 97);
+    }
+    return lens;
+  };
+  const std::vector<std::int32_t> eight = lengths(8, 32768);
+  const std::vector<std::int32_t> many = lengths(24, 8192);
+  using fp8_nhd = paged_layout<kvkit::fp8_e4m3_codec>;
+  using fp8_hnd = paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
+  const fp8_nhd nhd(16, 8, 128);
+  const fp8_hnd hnd(16, 8, 128);
+  for (const auto& [shape, lens, splits] :
+       {std::tuple{kvkit::decode_shape_for(nhd, 8, 16), eight, 8},
+        std::tuple{kvkit::decode_shape_for(hnd, 24, 16), many, 2}}) {
+    const auto plan = kvkit::plan_decode(shape, lens, 132);
+    REQUIRE(plan.ok());
+    INFO("chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
+    CHECK(!plan->two_tiles);
+    CHECK(plan->chunk_tokens == 4096);
+    CHECK(plan->max_splits == splits);
+  }
+  check_decode<128, fp8_nhd, __nv_bfloat16>(nhd, 2, eight, seed, {}, 132, false);
+  check_decode<128, fp8_hnd, __nv_bfloat16>(hnd, 2, many, seed + 1, {}, 132, false);
 }
 
 TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][decode]") {

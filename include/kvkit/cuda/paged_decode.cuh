@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "kvkit/attention/decode_plan.hpp"
@@ -842,23 +843,31 @@ constexpr bool decode_two_tiles_fit() {
          stage_layout<K, V, D, NT, 2>::stages >= 4;
 }
 
-// Whether the launcher runs blocks of decode_long_block_keys keys or more on a second build of
-// the two-tile kernel that keeps at most four stages (decode_stages' `Long`): an int4 cache at
-// head dim 128, where the kernel otherwise keeps eight. A warp of such a block takes 32 tiles or
-// more, and with four stages each step waits for its own two tiles' copies with none of the next
-// step's in flight; with eight, a short block's warps have all their tiles in flight from the
-// prologue. H200, int4 g32, this build against the single one in one call, three rounds, best of
-// each: blocks of 2048 keys 4.5-5.8% faster at B=32, L=2048 (whole sequences, NHD and HND pages;
-// NHD g4 31.44 to 29.65 us) and 1.3-4.1% at B=8, L=8192 (four splits, NHD pages), 9.3-9.6% at
-// B=32, L=2048 with pages of one token; every other int4 kernel's code unchanged. Four stages for
-// every block were tried before and lost at shorter blocks: 256 keys (B=1, L=8192) 3.7-4.8%
-// slower, 1024 (B=1, L=32768) from 3.2% faster to 1.6% slower.
+// Whether the launcher runs long blocks (decode_long_block_keys) on a second build of the two-tile
+// kernel that keeps at most four stages (decode_stages' `Long`): an int4 cache, or an 8-bit one
+// without per-token scales (fp8), at head dim 128, where the kernel otherwise keeps eight stages
+// (int4) or six (fp8). A warp of such a block takes 32 tiles or more, and with four stages each
+// step waits for its own two tiles' copies with none of the next step's in flight; with eight, a
+// short block's warps have all their tiles in flight from the prologue. H200, this build against
+// the single one in one call, three rounds, best of each:
+// - int4 g32, blocks of 2048 keys: 4.5-5.8% faster at B=32, L=2048 (whole sequences, NHD and HND
+//   pages; NHD g4 31.44 to 29.65 us) and 1.3-4.1% at B=8, L=8192 (four splits, NHD pages),
+//   9.3-9.6% at B=32, L=2048 with pages of one token. Four stages for every block were tried
+//   before and lost at shorter blocks: 256 keys (B=1, L=8192) 3.7-4.8% slower, 1024 (B=1,
+//   L=32768) from 3.2% faster to 1.6% slower.
+// - fp8 e4m3, whole sequences at B=32 (two calls): L=8192 and 32768 1.6-2.5% faster in NHD pages,
+//   0.6-1.1% in HND pages; at L=2048 within 0.5% either way, so fp8 takes it from 8192 keys.
+//   int8 (scaled per token) was 0.4-2.1% slower with four stages at most of its shapes of 2048
+//   keys or more and keeps its five.
 template <class K, class V, int D, int NT>
 constexpr bool decode_long_ring_fit() {
-  return decode_two_tiles_fit<K, V, D, NT>() && frag<K, D>::bits == 4 && D == 128 &&
+  return decode_two_tiles_fit<K, V, D, NT>() && D == 128 &&
+         (frag<K, D>::bits == 4 || (!frag<K, D>::per_token && !frag<V, D>::per_token)) &&
          stage_layout<K, V, D, NT, 2>::stages > 4;
 }
-inline constexpr std::int32_t decode_long_block_keys = 2048;
+// Keys a block takes from which decode_long_ring_fit's caches run the four-stage build.
+template <class K>
+inline constexpr std::int32_t decode_long_block_keys = frag<K, 128>::bits == 4 ? 2048 : 8192;
 
 template <class Layout, class T, int D, int NT, int KT, int W, bool Long>
 __global__ void
@@ -2285,8 +2294,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 // of two blocks per multiprocessor (for fp8, whose plan does not choose the two-tile kernel: it
 // cannot tell fp8 K and V from fp8 K with bf16 V, which has no two-tile form; H200, fp8 at B=32
 // with 8 KV heads: 0.1-0.9% faster at L=2048, 0.7-2.6% from L=8192, in NHD and HND pages, where
-// grids of more blocks or of split sequences were 2-11% slower with it). Every other launch runs
-// the one-tile kernel.
+// grids of more blocks or of split sequences were 2-11% slower with it), and an fp8 plan's one
+// wave of four blocks per SM of split sequences whose splits taken two at a time make long blocks
+// in one wave of two (below). Every other launch runs the one-tile kernel.
 template <class Layout, class T, int D, int NT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream) {
@@ -2306,12 +2316,34 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
         plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
       if constexpr (decode_long_ring_fit<typename Layout::k_codec, typename Layout::v_codec, D,
                                          NT>()) {
-        if (plan.chunk_tokens >= decode_long_block_keys) {
+        if (plan.chunk_tokens >= decode_long_block_keys<typename Layout::k_codec>) {
           return launch_decode<Layout, T, D, NT, 2, decode_warps, true>(a, plan, workspace, stream,
                                                                         device, sms, blocks);
         }
       }
       return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, sms, blocks);
+    }
+    if constexpr (eight_bit && decode_long_ring_fit<typename Layout::k_codec,
+                                                    typename Layout::v_codec, D, NT>()) {
+      // fp8's plan for four blocks per SM, in one wave of split sequences, run as half as many
+      // splits of twice the keys on the four-stage build, where those make one wave of two blocks
+      // per SM with blocks of decode_long_block_keys or more (the plan cannot choose this for
+      // fp8, as above). Fewer splits fit the plan's workspace. H200, fp8 at B=8, L=32768 (8
+      // splits of 4096 keys against 4 of 8192): 4.4-4.5% faster in NHD pages, 2.3% in HND pages;
+      // on the six-stage build the same splits were from 0.3% faster to 0.6% slower.
+      if (!plan.two_tiles && plan.max_splits > 1 && blocks > 2 * static_cast<std::int64_t>(sms) &&
+          blocks <= 4 * static_cast<std::int64_t>(sms) &&
+          plan.chunk_tokens <= std::numeric_limits<std::int32_t>::max() / 2) {
+        decode_plan paired = plan;
+        paired.max_splits = (plan.max_splits + 1) / 2;
+        paired.chunk_tokens = 2 * plan.chunk_tokens;
+        const std::int64_t paired_blocks = decode_grid_blocks(a, paired);
+        if (paired.chunk_tokens >= decode_long_block_keys<typename Layout::k_codec> &&
+            kvkit::detail::one_wave_of_two(paired_blocks, sms)) {
+          return launch_decode<Layout, T, D, NT, 2, decode_warps, true>(
+              a, paired, workspace, stream, device, sms, paired_blocks);
+        }
+      }
     }
   }
   using K = typename Layout::k_codec;
