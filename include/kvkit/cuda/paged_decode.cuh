@@ -754,9 +754,9 @@ struct stage_layout {
   // The two-tile kernel (KT = 2) runs two blocks per SM (one where the grid has at most one a
   // SM) with 24 KB a warp: at head dim 128, five or six stages of an 8-bit cache and eight of an
   // int4 one, so that two tiles or more stay in flight while a step computes two (H200, fp8 and
-  // int8: 32 or 48 KB a warp 1-5% slower); int4 blocks of 2048 keys or more run a build that keeps
-  // four (decode_long_ring_fit). Two blocks of its 80-96 KB fit, and its registers
-  // (fp8 198, int8 208, int4 184 at head dim 128) are under the cap of two.
+  // int8: 32 or 48 KB a warp 1-5% slower); int4 blocks of 2048 keys or more and fp8 blocks of
+  // 8192 or more run a build that keeps four (decode_long_ring_fit). Two blocks of its 80-96 KB
+  // fit, and its registers (fp8 198, int8 208, int4 184 at head dim 128) are under the cap of two.
   static constexpr int blocks_per_sm =
       KT == 2
           ? 2
