@@ -2307,24 +2307,30 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   }
   const std::int64_t blocks = decode_grid_blocks(a, plan);
   const bool small_grid = blocks <= sms;
-  if constexpr (decode_two_tiles_fit<typename Layout::k_codec, typename Layout::v_codec, D, NT>()) {
-    constexpr bool eight_bit = frag<typename Layout::k_codec, D>::bits == 8;
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  if constexpr (decode_two_tiles_fit<K, V, D, NT>()) {
+    constexpr bool eight_bit = frag<K, D>::bits == 8;
+    constexpr bool long_ring = decode_long_ring_fit<K, V, D, NT>();
+    // The two-tile kernel on `p`'s grid of `n` blocks: its four-stage build where the blocks are
+    // long enough for it (decode_long_ring_fit), its own ring otherwise.
+    const auto two_tiles = [&](const decode_plan& p, std::int64_t n) {
+      if constexpr (long_ring) {
+        if (p.chunk_tokens >= decode_long_block_keys<K>) {
+          return launch_decode<Layout, T, D, NT, 2, decode_warps, true>(a, p, workspace, stream,
+                                                                        device, sms, n);
+        }
+      }
+      return launch_decode<Layout, T, D, NT, 2>(a, p, workspace, stream, device, sms, n);
+    };
     const bool whole_wave = plan.max_splits == 1 &&
                             plan.chunk_tokens >= decode_plan::two_tiles_min_keys &&
                             kvkit::detail::one_wave_of_two(blocks, sms);
     if ((((small_grid || whole_wave) && eight_bit) || plan.two_tiles) &&
         plan.chunk_tokens >= 2 * decode_plan::tile_tokens) {
-      if constexpr (decode_long_ring_fit<typename Layout::k_codec, typename Layout::v_codec, D,
-                                         NT>()) {
-        if (plan.chunk_tokens >= decode_long_block_keys<typename Layout::k_codec>) {
-          return launch_decode<Layout, T, D, NT, 2, decode_warps, true>(a, plan, workspace, stream,
-                                                                        device, sms, blocks);
-        }
-      }
-      return launch_decode<Layout, T, D, NT, 2>(a, plan, workspace, stream, device, sms, blocks);
+      return two_tiles(plan, blocks);
     }
-    if constexpr (eight_bit && decode_long_ring_fit<typename Layout::k_codec,
-                                                    typename Layout::v_codec, D, NT>()) {
+    if constexpr (eight_bit && long_ring) {
       // fp8's plan for four blocks per SM, in one wave of split sequences, run as half as many
       // splits of twice the keys on the four-stage build, where those make one wave of two blocks
       // per SM with blocks of decode_long_block_keys or more (the plan cannot choose this for
@@ -2338,16 +2344,13 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
         paired.max_splits = (plan.max_splits + 1) / 2;
         paired.chunk_tokens = 2 * plan.chunk_tokens;
         const std::int64_t paired_blocks = decode_grid_blocks(a, paired);
-        if (paired.chunk_tokens >= decode_long_block_keys<typename Layout::k_codec> &&
+        if (paired.chunk_tokens >= decode_long_block_keys<K> &&
             kvkit::detail::one_wave_of_two(paired_blocks, sms)) {
-          return launch_decode<Layout, T, D, NT, 2, decode_warps, true>(
-              a, paired, workspace, stream, device, sms, paired_blocks);
+          return two_tiles(paired, paired_blocks);
         }
       }
     }
   }
-  using K = typename Layout::k_codec;
-  using V = typename Layout::v_codec;
   constexpr int wide_smem = decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>();
   // 227 KB: the most any device of compute capability 9 lets a block opt in to.
   if constexpr (frag<K, D>::bits == 4 && frag<V, D>::bits == 4 && wide_smem <= 227 * 1024) {
