@@ -202,6 +202,17 @@ std::int32_t pages_for(const Layout& layout, const std::vector<std::int32_t>& le
   return pages;
 }
 
+// `n` sequence lengths: `longest`, then each shorter by (i * step) % spread keys, so that last
+// tiles and pages are partial.
+std::vector<std::int32_t> lengths_below(std::size_t n, std::int32_t longest, std::size_t step,
+                                        std::size_t spread) {
+  std::vector<std::int32_t> lens(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    lens[i] = longest - static_cast<std::int32_t>(i * step % spread);
+  }
+  return lens;
+}
+
 template <int D, class Layout, class T>
 void check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
                   std::uint64_t seed, const kvkit::attention_options& options = {},
@@ -379,19 +390,13 @@ TEST_CASE("paged_decode: int4 blocks of 2048 keys on the two-tile kernel's shall
           "[cuda][decode]") {
   // Plans for 132 SMs whose blocks take 2048 keys on the two-tile kernel, which the launcher then
   // runs built with four stages (kvkit::cuda::detail::decode_long_ring_fit): 32 sequences of 1985
-  // to 2048 keys over 8 KV heads, whole (256 blocks), in HND pages; and 7 sequences of 8096 to
+  // to 2048 keys over 8 KV heads, whole (256 blocks), in HND pages; and 7 sequences of 8105 to
   // 8192 keys in NHD pages, cut into 4 splits of 2048 (224 blocks) that merge in clusters of 4
   // (56 clusters, which fit at two blocks per SM). Lengths vary, so last tiles and pages are
   // partial. (The fp8 case below merges the same build's splits through the workspace.)
   const std::uint64_t seed = kvkit_test::test_seed(0x10A6);
-  std::vector<std::int32_t> whole(32);
-  for (std::size_t i = 0; i < whole.size(); ++i) {
-    whole[i] = 2048 - static_cast<std::int32_t>(i * 37 % 64);
-  }
-  std::vector<std::int32_t> split(7);
-  for (std::size_t i = 0; i < split.size(); ++i) {
-    split[i] = 8192 - static_cast<std::int32_t>(i * 29 % 97);
-  }
+  const std::vector<std::int32_t> whole = lengths_below(32, 2048, 37, 64);
+  const std::vector<std::int32_t> split = lengths_below(7, 8192, 29, 97);
   using int4_hnd =
       paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
   using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
@@ -416,20 +421,13 @@ TEST_CASE("paged_decode: fp8 blocks of 8192 keys on the two-tile kernel's shallo
   // blocks per SM on the two-tile kernel built with four stages
   // (kvkit::cuda::detail::decode_long_ring_fit), on a device of 128 to 255 SMs (the H200's 132;
   // the one-tile kernel on the plan's splits elsewhere, with the same results): 8 sequences of
-  // 32672 to 32768 keys in NHD pages (8 splits of 4096, run as 4 of 8192 that merge in clusters
-  // or, where the device does not fit all 64, through the workspace); and 24 sequences of 8096 to
+  // 32680 to 32768 keys in NHD pages (8 splits of 4096, run as 4 of 8192 that merge in clusters
+  // or, where the device does not fit all 64, through the workspace); and 24 sequences of 8099 to
   // 8192 keys in HND pages (2 splits of 4096, run whole). Lengths vary, so last tiles and pages
   // are partial.
   const std::uint64_t seed = kvkit_test::test_seed(0xF8A4);
-  const auto lengths = [](std::size_t n, std::int32_t longest) {
-    std::vector<std::int32_t> lens(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      lens[i] = longest - static_cast<std::int32_t>(i * 37 % 97);
-    }
-    return lens;
-  };
-  const std::vector<std::int32_t> eight = lengths(8, 32768);
-  const std::vector<std::int32_t> many = lengths(24, 8192);
+  const std::vector<std::int32_t> eight = lengths_below(8, 32768, 37, 97);
+  const std::vector<std::int32_t> many = lengths_below(24, 8192, 37, 97);
   using fp8_nhd = paged_layout<kvkit::fp8_e4m3_codec>;
   using fp8_hnd = paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
   const fp8_nhd nhd(16, 8, 128);
