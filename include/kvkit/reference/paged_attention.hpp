@@ -83,8 +83,18 @@ paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_c
       options.scale > 0.0F ? options.scale : 1.0 / std::sqrt(static_cast<double>(dim));
   const std::int32_t group = num_q_heads / kv_heads;
   const float* v_scales = static_scales == nullptr ? nullptr : static_scales + kv_heads;
-  std::vector<double> logits;
-  std::vector<double> acc(static_cast<std::size_t>(dim));
+  // Each key and value row is decoded once for the whole group of query heads that reads it; each
+  // head's sums run in the same order as one head alone would.
+  const auto dim_z = static_cast<std::size_t>(dim);
+  std::vector<double> logits; // [group][keys]
+  std::vector<double> acc(static_cast<std::size_t>(group) * dim_z);
+  std::vector<double> row(dim_z);
+  std::vector<double> m(static_cast<std::size_t>(group));
+  std::vector<double> z(static_cast<std::size_t>(group));
+  const auto page_of = [&](std::int32_t b, std::int32_t t) {
+    return cache + static_cast<std::int64_t>(table.page(b, t / layout.page_size())) *
+                       layout.bytes_per_page();
+  };
   for (std::int32_t b = 0; b < table.batch_size; ++b) {
     const std::int32_t len = table.num_tokens(b);
     const std::int32_t first_q = qo_indptr[static_cast<std::size_t>(b)];
@@ -92,54 +102,73 @@ paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_c
     for (std::int32_t i = 0; i < nq; ++i) {
       const std::int32_t pos = len - nq + i; // the query's own position
       const std::int32_t lo = options.window > 0 ? std::max(0, pos - options.window + 1) : 0;
-      for (std::int32_t h = 0; h < num_q_heads; ++h) {
-        const std::int32_t kvh = h / group;
-        const float* qv = q + (static_cast<std::int64_t>(first_q + i) * num_q_heads + h) * dim;
-        logits.assign(static_cast<std::size_t>(pos + 1 - lo), 0.0);
-        double m = -std::numeric_limits<double>::infinity();
+      const auto keys = static_cast<std::size_t>(pos + 1 - lo);
+      for (std::int32_t kvh = 0; kvh < kv_heads; ++kvh) {
+        const float* qv =
+            q + (static_cast<std::int64_t>(first_q + i) * num_q_heads + kvh * group) * dim;
+        logits.assign(static_cast<std::size_t>(group) * keys, 0.0);
+        std::fill(m.begin(), m.end(), -std::numeric_limits<double>::infinity());
         for (std::int32_t t = lo; t <= pos; ++t) {
-          const std::byte* page =
-              cache + static_cast<std::int64_t>(table.page(b, t / layout.page_size())) *
-                          layout.bytes_per_page();
+          const std::byte* page = page_of(b, t);
           const std::int32_t slot = t % layout.page_size();
-          double dot = 0.0;
           for (std::int32_t c = 0; c < dim; ++c) {
-            dot += static_cast<double>(qv[c]) *
-                   detail::read<K>(layout, page + layout.k_data_offset(),
-                                   page + layout.k_param_offset(), static_scales, slot, kvh, c);
+            row[static_cast<std::size_t>(c)] =
+                detail::read<K>(layout, page + layout.k_data_offset(),
+                                page + layout.k_param_offset(), static_scales, slot, kvh, c);
           }
-          double logit = dot * scale;
-          if (options.logits_soft_cap > 0.0F) {
-            logit = options.logits_soft_cap * std::tanh(logit / options.logits_soft_cap);
+          for (std::int32_t g = 0; g < group; ++g) {
+            const float* qh = qv + static_cast<std::int64_t>(g) * dim;
+            double dot = 0.0;
+            for (std::int32_t c = 0; c < dim; ++c) {
+              dot += static_cast<double>(qh[c]) * row[static_cast<std::size_t>(c)];
+            }
+            double logit = dot * scale;
+            if (options.logits_soft_cap > 0.0F) {
+              logit = options.logits_soft_cap * std::tanh(logit / options.logits_soft_cap);
+            }
+            logits[static_cast<std::size_t>(g) * keys + static_cast<std::size_t>(t - lo)] = logit;
+            m[static_cast<std::size_t>(g)] = std::max(m[static_cast<std::size_t>(g)], logit);
           }
-          logits[static_cast<std::size_t>(t - lo)] = logit;
-          m = std::max(m, logit);
         }
-        double z = 0.0;
-        for (double& x : logits) {
-          x = std::exp(x - m);
-          z += x;
+        for (std::int32_t g = 0; g < group; ++g) {
+          double sum = 0.0;
+          for (std::size_t t = 0; t < keys; ++t) {
+            double& x = logits[static_cast<std::size_t>(g) * keys + t];
+            x = std::exp(x - m[static_cast<std::size_t>(g)]);
+            sum += x;
+          }
+          z[static_cast<std::size_t>(g)] = sum;
         }
         std::fill(acc.begin(), acc.end(), 0.0);
         for (std::int32_t t = lo; t <= pos; ++t) {
-          const std::byte* page =
-              cache + static_cast<std::int64_t>(table.page(b, t / layout.page_size())) *
-                          layout.bytes_per_page();
+          const std::byte* page = page_of(b, t);
           const std::int32_t slot = t % layout.page_size();
-          const double p = logits[static_cast<std::size_t>(t - lo)] / z;
           for (std::int32_t c = 0; c < dim; ++c) {
-            acc[static_cast<std::size_t>(c)] +=
-                p * detail::read<V>(layout, page + layout.v_data_offset(),
-                                    page + layout.v_param_offset(), v_scales, slot, kvh, c);
+            row[static_cast<std::size_t>(c)] =
+                detail::read<V>(layout, page + layout.v_data_offset(),
+                                page + layout.v_param_offset(), v_scales, slot, kvh, c);
+          }
+          for (std::int32_t g = 0; g < group; ++g) {
+            const double p =
+                logits[static_cast<std::size_t>(g) * keys + static_cast<std::size_t>(t - lo)] /
+                z[static_cast<std::size_t>(g)];
+            double* a = acc.data() + static_cast<std::size_t>(g) * dim_z;
+            for (std::size_t c = 0; c < dim_z; ++c) {
+              a[c] += p * row[c];
+            }
           }
         }
-        float* o = out + (static_cast<std::int64_t>(first_q + i) * num_q_heads + h) * dim;
-        for (std::int32_t c = 0; c < dim; ++c) {
-          o[c] = static_cast<float>(acc[static_cast<std::size_t>(c)]);
-        }
-        if (lse != nullptr) {
-          lse[static_cast<std::int64_t>(first_q + i) * num_q_heads + h] =
-              static_cast<float>(m + std::log(z));
+        for (std::int32_t g = 0; g < group; ++g) {
+          const std::int64_t h = static_cast<std::int64_t>(first_q + i) * num_q_heads +
+                                 static_cast<std::int64_t>(kvh) * group + g;
+          float* o = out + h * dim;
+          for (std::size_t c = 0; c < dim_z; ++c) {
+            o[c] = static_cast<float>(acc[static_cast<std::size_t>(g) * dim_z + c]);
+          }
+          if (lse != nullptr) {
+            lse[h] = static_cast<float>(m[static_cast<std::size_t>(g)] +
+                                        std::log(z[static_cast<std::size_t>(g)]));
+          }
         }
       }
     }
