@@ -48,6 +48,7 @@ static_assert(!kd::decode_long_ring_fit<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_c
 static_assert(!kd::decode_long_ring_fit<kvkit::int8_codec, kvkit::fp8_e4m3_codec, 128, 1>());
 static_assert(kd::decode_long_block_keys<int4_g32> == 2048);
 static_assert(kd::decode_long_block_keys<kvkit::fp8_e4m3_codec> == 8192);
+static_assert(kd::decode_paired_block_keys == 2048);
 static_assert(kd::decode_stages<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1, 2>() == 6);
 static_assert(kd::decode_stages<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1, 2,
                                 kd::decode_warps, true>() == 4);

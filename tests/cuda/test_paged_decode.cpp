@@ -435,36 +435,40 @@ TEST_CASE("paged_decode: int4 blocks of 2048 keys on the two-tile kernel's shall
   check_decode<128, int4_nhd, __nv_bfloat16>(nhd, 4, split, seed + 1);
 }
 
-TEST_CASE("paged_decode: fp8 blocks of 8192 keys on the two-tile kernel's shallow build",
+TEST_CASE("paged_decode: fp8 split plans paired on the two-tile kernel's shallow build",
           "[cuda][decode]") {
   // Plans for 132 SMs over 8 KV heads of one wave of four blocks per SM of split sequences,
-  // which the launcher runs as half the splits of twice the keys, 8192 or more, one wave of two
+  // which the launcher runs as half the splits of twice the keys, 2048 or more, one wave of two
   // blocks per SM on the two-tile kernel built with four stages
-  // (kvkit::cuda::detail::decode_long_ring_fit), on a device of 128 to 255 SMs (the H200's 132;
-  // the one-tile kernel on the plan's splits elsewhere, with the same results): 8 sequences of
-  // 32680 to 32768 keys in NHD pages (8 splits of 4096, run as 4 of 8192 that merge in clusters
-  // or, where the device does not fit all 64, through the workspace); and 24 sequences of 8099 to
-  // 8192 keys in HND pages (2 splits of 4096, run whole). Lengths vary, so last tiles and pages
-  // are partial.
+  // (kvkit::cuda::detail::decode_long_ring_fit, decode_paired_block_keys), on a device of 128 to
+  // 255 SMs (the H200's 132; the one-tile kernel on the plan's splits elsewhere, with the same
+  // results): 8 sequences of 32680 to 32768 keys in NHD pages (8 splits of 4096, run as 4 of 8192
+  // that merge in clusters or, where the device does not fit all 64, through the workspace); 24
+  // sequences of 8099 to 8192 keys in HND pages (2 splits of 4096, run whole); and 8 sequences of
+  // 7933 to 8192 keys in NHD pages (8 splits of 1024, run as 4 of 2048). Lengths vary, so last
+  // tiles and pages are partial.
   const std::uint64_t seed = kvkit_test::test_seed(0xF8A4);
   const std::vector<std::int32_t> eight = lengths_below(8, 32768, 37, 97);
   const std::vector<std::int32_t> many = lengths_below(24, 8192, 37, 97);
+  const std::vector<std::int32_t> mid = lengths_below(8, 8192, 37, 300);
   using fp8_nhd = paged_layout<kvkit::fp8_e4m3_codec>;
   using fp8_hnd = paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
   const fp8_nhd nhd(16, 8, 128);
   const fp8_hnd hnd(16, 8, 128);
-  for (const auto& [shape, lens, splits] :
-       {std::tuple{kvkit::decode_shape_for(nhd, 8, 16), eight, 8},
-        std::tuple{kvkit::decode_shape_for(hnd, 24, 16), many, 2}}) {
+  for (const auto& [shape, lens, chunk, splits] :
+       {std::tuple{kvkit::decode_shape_for(nhd, 8, 16), eight, 4096, 8},
+        std::tuple{kvkit::decode_shape_for(hnd, 24, 16), many, 4096, 2},
+        std::tuple{kvkit::decode_shape_for(nhd, 8, 16), mid, 1024, 8}}) {
     const auto plan = kvkit::plan_decode(shape, lens, 132);
     REQUIRE(plan.ok());
     INFO("chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
     CHECK(!plan->two_tiles);
-    CHECK(plan->chunk_tokens == 4096);
+    CHECK(plan->chunk_tokens == chunk);
     CHECK(plan->max_splits == splits);
   }
   check_decode<128, fp8_nhd, __nv_bfloat16>(nhd, 2, eight, seed, {}, 132, false);
   check_decode<128, fp8_hnd, __nv_bfloat16>(hnd, 2, many, seed + 1, {}, 132, false);
+  check_decode<128, fp8_nhd, __nv_bfloat16>(nhd, 4, mid, seed + 2, {}, 132, false);
 }
 
 TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][decode]") {

@@ -868,6 +868,11 @@ constexpr bool decode_long_ring_fit() {
 // Keys a block takes from which decode_long_ring_fit's caches run the four-stage build.
 template <class K>
 inline constexpr std::int32_t decode_long_block_keys = frag<K, 128>::bits == 4 ? 2048 : 8192;
+// Keys from which an fp8 plan's splits, launched two at a time as one block (the launcher's
+// paired grid), run the four-stage build while the sequences stay split. Lower than
+// decode_long_block_keys: whole sequences of 2048 keys gained nothing from four stages (within
+// 0.5% either way), where splits of 1024 paired to 2048 gained 1-3% over the six-stage build.
+inline constexpr std::int32_t decode_paired_block_keys = decode_plan::two_tiles_min_keys;
 
 template <class Layout, class T, int D, int NT, int KT, int W, bool Long>
 __global__ void
@@ -2312,11 +2317,12 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   if constexpr (decode_two_tiles_fit<K, V, D, NT>()) {
     constexpr bool eight_bit = frag<K, D>::bits == 8;
     constexpr bool long_ring = decode_long_ring_fit<K, V, D, NT>();
-    // The two-tile kernel on `p`'s grid of `n` blocks: its four-stage build where the blocks are
-    // long enough for it (decode_long_ring_fit), its own ring otherwise.
-    const auto two_tiles = [&](const decode_plan& p, std::int64_t n) {
+    // The two-tile kernel on `p`'s grid of `n` blocks: its four-stage build where the blocks take
+    // `long_keys` keys or more (decode_long_ring_fit), its own ring otherwise.
+    const auto two_tiles = [&](const decode_plan& p, std::int64_t n,
+                               std::int32_t long_keys = decode_long_block_keys<K>) {
       if constexpr (long_ring) {
-        if (p.chunk_tokens >= decode_long_block_keys<K>) {
+        if (p.chunk_tokens >= long_keys) {
           return launch_decode<Layout, T, D, NT, 2, decode_warps, true>(a, p, workspace, stream,
                                                                         device, sms, n);
         }
@@ -2333,10 +2339,19 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     if constexpr (eight_bit && long_ring) {
       // fp8's plan for four blocks per SM, in one wave of split sequences, run as half as many
       // splits of twice the keys on the four-stage build, where those make one wave of two blocks
-      // per SM with blocks of decode_long_block_keys or more (the plan cannot choose this for
-      // fp8, as above). Fewer splits fit the plan's workspace. H200, fp8 at B=8, L=32768 (8
-      // splits of 4096 keys against 4 of 8192): 4.4-4.5% faster in NHD pages, 2.3% in HND pages;
-      // on the six-stage build the same splits were from 0.3% faster to 0.6% slower.
+      // per SM with blocks of decode_paired_block_keys or more, or whole sequences of
+      // decode_long_block_keys or more (the plan cannot choose this for fp8, as above). Fewer
+      // splits fit the plan's workspace. H200, against the plan, best of two or three rounds:
+      // - 8 KV heads, B=8, L=32768 (8 splits of 4096 keys against 4 of 8192): 4.4-4.5% faster in
+      //   NHD pages, 2.3% in HND pages; on the six-stage build from 0.3% faster to 0.6% slower.
+      // - 8 KV heads, B=8, L=8192 (8 splits of 1024 against 4 of 2048): 3.5-4.2% faster with
+      //   pages of 16 tokens (NHD and HND), 2.8-3.5% with 64, 1.3% with one; on the six-stage
+      //   build 0.2-2.8% (pages of 16). With 16 KV heads (4 splits of 2048 against 2 of 4096,
+      //   and B=1, L=32768: 32 of 1024 against 16 of 2048), 2 and 4: 3.4-8.0% faster at every
+      //   such row.
+      // - Whole sequences of 2048 keys (8 KV heads, B=32, L=2048 with pages of one token, planned
+      //   as 2 splits of 1024): 1.2-1.3% slower, so whole sequences take the rule of whole
+      //   sequences above.
       if (!plan.two_tiles && plan.max_splits > 1 && blocks > 2 * static_cast<std::int64_t>(sms) &&
           blocks <= 4 * static_cast<std::int64_t>(sms) &&
           plan.chunk_tokens <= std::numeric_limits<std::int32_t>::max() / 2) {
@@ -2344,9 +2359,11 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
         paired.max_splits = (plan.max_splits + 1) / 2;
         paired.chunk_tokens = 2 * plan.chunk_tokens;
         const std::int64_t paired_blocks = decode_grid_blocks(a, paired);
-        if (paired.chunk_tokens >= decode_long_block_keys<K> &&
+        const std::int32_t long_keys =
+            paired.max_splits > 1 ? decode_paired_block_keys : decode_long_block_keys<K>;
+        if (paired.chunk_tokens >= long_keys &&
             kvkit::detail::one_wave_of_two(paired_blocks, sms)) {
-          return two_tiles(paired, paired_blocks);
+          return two_tiles(paired, paired_blocks, long_keys);
         }
       }
     }
