@@ -6,7 +6,8 @@
 // kernels: the two-tile one where the grid has at most one block per SM (one split or a few), where
 // the plan chose it (int8 wherever the longest sequence has 2048 keys or more; int8 and int4
 // where two blocks per SM make one wave) or, for fp8, where whole sequences of 2048 keys or more
-// make one wave of two blocks per SM, the one-tile one elsewhere.
+// make one wave of two blocks per SM and where a plan's splits taken two at a time do, the
+// one-tile one elsewhere.
 
 #include <algorithm>
 #include <cmath>

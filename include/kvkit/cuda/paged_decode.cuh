@@ -2346,9 +2346,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       //   NHD pages, 2.3% in HND pages; on the six-stage build from 0.3% faster to 0.6% slower.
       // - 8 KV heads, B=8, L=8192 (8 splits of 1024 against 4 of 2048): 3.5-4.2% faster with
       //   pages of 16 tokens (NHD and HND), 2.8-3.5% with 64, 1.3% with one; on the six-stage
-      //   build 0.2-2.8% (pages of 16). With 16 KV heads (4 splits of 2048 against 2 of 4096,
-      //   and B=1, L=32768: 32 of 1024 against 16 of 2048), 2 and 4: 3.4-8.0% faster at every
-      //   such row.
+      //   build 0.2-2.8% (pages of 16). With 16 KV heads (B=8, L=8192: 4 splits of 2048 against
+      //   2 of 4096; B=1, L=32768: 32 of 1024 against 16 of 2048), 2 and 4 (B=8, L=32768 and
+      //   B=32 and 64, L=8192): 3.4-8.0% faster at every such row of the benchmark.
       // - Whole sequences of 2048 keys (8 KV heads, B=32, L=2048 with pages of one token, planned
       //   as 2 splits of 1024): 1.2-1.3% slower, so whole sequences take the rule of whole
       //   sequences above.
