@@ -1,6 +1,9 @@
 // paged_decode throughput: Llama-3-8B attention shapes (8 KV heads, head dim 128, groups 4 and 8)
-// for B in {1, 8, 32, 64, 128} x L in {512, 2048, 8192, 32768}, every codec family, page size 16,
-// plus a page-size sweep (bf16: 1, 2, 4, 8, 16, 32 and 64; fp8 and int4: 1, 16 and 64). Pages are
+// for B in {1, 8, 32, 64, 128} x L in {512, 2048, 8192, 32768}, every codec (bf16, fp8 e4m3 and
+// int4 g32 at every shape and group; fp16, fp8 e5m2, int8, int4 g64 and g128 at group 8, and at
+// group 4 at the sweep's shapes: B=1, L=2048; B=8, L=8192; B=32, L=2048; B=64, L=8192), page
+// size 16, plus a page-size sweep (bf16: 1, 2, 4, 8, 16, 32 and 64; fp8 and int4: 1, 16 and 64),
+// and bf16, fp8 e4m3 and int4 g32 in HND pages at the same shapes as fp16's. Pages are
 // scattered at random over a cache of 4 M tokens, filled through quantize_pages from random values,
 // and small shapes rotate over disjoint page sets so that no launch finds its keys in the 60 MB L2.
 // Time per call comes from a back-to-back loop of launches between two events (median of 7 loops).
@@ -523,6 +526,13 @@ const bool registered = [] {
       paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kvkit::kv_order::hnd>>(
       "int4_g32_hnd", {16}, false);
   register_codec<paged_layout<kvkit::int4_group_codec<32>>>("int4_g32", {16, 1, 64}, true);
+  // The other codecs, in NHD pages of 16 tokens at the shapes of the HND rows: fp16 (bf16's
+  // kernel with fp16 operands), fp8 e5m2 (a byte move where e4m3 converts) and int4 with groups
+  // of 64 and 128 channels (fewer scale and zero rows than 32).
+  register_codec<paged_layout<kvkit::fp16_codec>>("fp16", {16}, false);
+  register_codec<paged_layout<kvkit::fp8_e5m2_codec>>("fp8_e5m2", {16}, false);
+  register_codec<paged_layout<kvkit::int4_group_codec<64>>>("int4_g64", {16}, false);
+  register_codec<paged_layout<kvkit::int4_group_codec<128>>>("int4_g128", {16}, false);
   register_graph_rows();
   register_row("paged_decode_launch/empty_kernel", BM_launch_peer);
   return true;
