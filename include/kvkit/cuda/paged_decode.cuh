@@ -2141,8 +2141,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     p.part_lse = reinterpret_cast<float*>(ws + plan.counter_bytes());
     p.part_o = reinterpret_cast<float*>(ws + plan.partial_outputs_offset());
   }
-  constexpr int smem = decode_smem_bytes<K, V, D, NT, KT, W, Long>();
-  constexpr int cluster_smem = decode_cluster_smem_bytes<K, V, D, NT, KT, W, Long>();
+  constexpr int smem_need = decode_smem_bytes<K, V, D, NT, KT, W, Long>();
+  constexpr int cluster_need = decode_cluster_smem_bytes<K, V, D, NT, KT, W, Long>();
   const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W, Long>;
   // The shared-memory limit is raised once per device (a host call per launch would cost more
   // than a small decode takes on the GPU).
@@ -2155,13 +2155,13 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // shared memory a block, the splits merge through the workspace).
   static std::atomic<std::uint64_t> mailboxes{0};
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cluster_smem) ==
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cluster_need) ==
         cudaSuccess) {
       mailboxes.fetch_or(bit, std::memory_order_acq_rel);
     } else {
       (void)cudaGetLastError(); // not an error of this launch: no cluster merge
       if (const cudaError_t e =
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_need);
           e != cudaSuccess) {
         return e;
       }
@@ -2183,6 +2183,60 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       clusters.fetch_or(bit, std::memory_order_acq_rel);
     }
     raised.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  // The two-tile kernel's grids are cut for two blocks per multiprocessor
+  // (stage_layout::blocks_per_sm). Where a build's registers and shared memory would let a third
+  // in (int4 g128 at head dim 128: 168 registers and 75 KB), the launch asks for enough shared
+  // memory to keep it out (found once per device, from the kernel's occupancy). H200, int4 g128
+  // in the benchmark's loop of dependent launches: B=1, L=32768 g8 25.3 to 21.2 us, B=8, L=2048
+  // g8 15.6 to 13.7 (12-16% faster; g32 took 22.2 and 14.1), every other int4, fp8 and bf16 row
+  // within 2% (the host-bound B=1, L=512 aside). One launch alone under Nsight Compute was not
+  // slower with three blocks an SM (16.5 us against g32's 20.4 at B=8, L=2048): the loss is in
+  // the loop, where a launch's blocks are placed while the one before it still runs.
+  std::int32_t smem = smem_need;
+  std::int32_t cluster_smem = cluster_need;
+  if constexpr (KT == 2 && W == decode_warps) {
+    std::int32_t padded = 0;
+    if (decode_per_device(device, padded, [&](int d, std::int32_t& v) {
+          v = smem_need;
+          int resident = 0;
+          if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                  &resident, kernel, W * 32, static_cast<std::size_t>(smem_need));
+              e != cudaSuccess || resident <= 2) {
+            return e;
+          }
+          int per_sm = 0;
+          int reserved = 0;
+          if (const cudaError_t e =
+                  cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, d);
+              e != cudaSuccess) {
+            return e;
+          }
+          if (const cudaError_t e =
+                  cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, d);
+              e != cudaSuccess) {
+            return e;
+          }
+          // Three blocks of keep_out bytes and their reserved shared memory overflow the SM.
+          const std::int32_t keep_out = (per_sm / 3 - reserved + 1 + 127) / 128 * 128;
+          const std::int32_t limit =
+              (mailboxes.load(std::memory_order_acquire) & bit) != 0 ? cluster_need : smem_need;
+          if (keep_out > limit &&
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, keep_out) !=
+                  cudaSuccess) {
+            (void)cudaGetLastError(); // not an error of this launch: three blocks an SM
+            return cudaSuccess;
+          }
+          v = keep_out > smem_need ? keep_out : smem_need;
+          return cudaSuccess;
+        }) != cudaSuccess) {
+      (void)cudaGetLastError(); // not an error of this launch: the kernel's own shared memory
+      padded = 0;
+    }
+    if (padded > smem) {
+      smem = padded;
+      cluster_smem = padded > cluster_need ? padded : cluster_need;
+    }
   }
   const dim3 grid(static_cast<unsigned>(plan.max_splits),
                   static_cast<unsigned>(plan.shape.num_kv_heads),
