@@ -2205,15 +2205,15 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
               e != cudaSuccess || resident <= 2) {
             return e;
           }
-          int per_sm = 0;
-          int reserved = 0;
+          std::int32_t per_sm = 0;
+          std::int32_t reserved = 0;
           if (const cudaError_t e =
-                  cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, d);
+                  decode_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(d, per_sm);
               e != cudaSuccess) {
             return e;
           }
           if (const cudaError_t e =
-                  cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, d);
+                  decode_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(d, reserved);
               e != cudaSuccess) {
             return e;
           }
