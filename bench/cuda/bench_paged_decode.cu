@@ -63,7 +63,16 @@ std::int32_t kv_heads() {
   }();
   return heads;
 }
-constexpr std::int32_t head_dim = 128;
+// Head dim of every row: 128, or KVKIT_DECODE_HEAD_DIM (64 or 256) to see the kernels of the other
+// head dims. The SDPA peer (sdpa_peer.py) measures head dim 128, so no row compares with it then.
+std::int32_t head_dim() {
+  static const std::int32_t dim = [] {
+    const char* v = std::getenv("KVKIT_DECODE_HEAD_DIM");
+    const int n = v == nullptr ? 0 : std::atoi(v);
+    return n == 64 || n == 256 ? n : 128;
+  }();
+  return dim;
+}
 constexpr std::int64_t cache_tokens = 128LL * 32768; // the largest shape
 constexpr double rotate_bytes = 512e6;               // keys in flight over all rotations
 
@@ -126,7 +135,7 @@ const std::map<std::tuple<int, int, int>, double>& sdpa_seconds() {
   static const std::map<std::tuple<int, int, int>, double> m = [] {
     std::map<std::tuple<int, int, int>, double> r;
     const char* path = std::getenv("KVKIT_SDPA_CSV");
-    if (path == nullptr) {
+    if (path == nullptr || head_dim() != 128) {
       return r;
     }
     std::ifstream in(path);
@@ -176,7 +185,7 @@ cache_context* context_for(const std::string& name, std::int32_t page_size) {
   auto ctx = std::make_unique<cache_context>();
   ctx->name = name;
   ctx->page_size = page_size;
-  const Layout layout(page_size, kv_heads(), head_dim);
+  const Layout layout(page_size, kv_heads(), head_dim());
   ctx->bytes_per_page = layout.bytes_per_page();
   ctx->capacity = static_cast<std::int32_t>(cache_tokens / page_size);
   if (cudaMalloc(&ctx->cache, static_cast<std::size_t>(ctx->capacity) *
@@ -188,7 +197,7 @@ cache_context* context_for(const std::string& name, std::int32_t page_size) {
   cudaMemcpy(ctx->scales, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice);
   // Random values (uniform in [-4, 4)) quantized into every page, a batch of pages at a time.
   const std::int32_t batch = std::max<std::int32_t>(1, 65536 / page_size);
-  const auto elems = static_cast<std::size_t>(batch) * page_size * kv_heads() * head_dim;
+  const auto elems = static_cast<std::size_t>(batch) * page_size * kv_heads() * head_dim();
   std::vector<__nv_bfloat16> host(elems);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> d(-4.0F, 4.0F);
@@ -242,13 +251,13 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     state.SkipWithError("cache allocation failed");
     return;
   }
-  const Layout layout(page_size, kv_heads(), head_dim);
+  const Layout layout(page_size, kv_heads(), head_dim());
   const std::int32_t q_heads = group * kv_heads();
   const std::int32_t pages_per_seq = (len + page_size - 1) / page_size;
   const std::int64_t pages = static_cast<std::int64_t>(batch) * pages_per_seq;
   // The useful bytes: whole pages' K/V and scales, plus q and out in bf16.
   const double kv_bytes = static_cast<double>(pages) * static_cast<double>(ctx->bytes_per_page);
-  const double bytes = kv_bytes + 2.0 * batch * q_heads * head_dim * 2;
+  const double bytes = kv_bytes + 2.0 * batch * q_heads * head_dim() * 2;
   const auto rotations = static_cast<std::int32_t>(std::clamp<std::int64_t>(
       std::min<std::int64_t>(static_cast<std::int64_t>(rotate_bytes / kv_bytes) + 1,
                              ctx->capacity / pages),
@@ -266,7 +275,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   cudaMalloc(&d_indptr, indptr.size() * 4);
   cudaMalloc(&d_last, last.size() * 4);
   cudaMalloc(&d_indices, static_cast<std::size_t>(pages * rotations) * 4);
-  const auto q_elems = static_cast<std::size_t>(batch) * q_heads * head_dim;
+  const auto q_elems = static_cast<std::size_t>(batch) * q_heads * head_dim();
   cudaMalloc(&d_q, q_elems * 2 * static_cast<std::size_t>(rotations));
   cudaMalloc(&d_out, q_elems * 2 * static_cast<std::size_t>(rotations));
   cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice);

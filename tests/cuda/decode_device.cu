@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -503,6 +504,80 @@ std::vector<std::string> decode_validation_failures() {
   return failed;
 }
 
+namespace {
+
+// One kernel's resident blocks per multiprocessor with its own shared memory and with what the
+// launcher asks for (decode_held_smem, for blocks of decode_warps warps): a line in `failed` where
+// the first is below the blocks its grids are cut for (decode_planned_blocks) or the second is not
+// exactly that.
+template <class Layout, class T, int D, int NT, int KT, int W, bool Long>
+void check_residency(const std::string& what, int device, std::vector<std::string>& failed) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  const auto kernel = kd::paged_decode_kernel<Layout, T, D, NT, KT, W, Long>;
+  constexpr int planned = kd::decode_planned_blocks<K, V, D, NT, KT, W>;
+  constexpr int need = kd::decode_smem_bytes<K, V, D, NT, KT, W, Long>();
+  const std::string name = what + " D=" + std::to_string(D) + " NT=" + std::to_string(NT) +
+                           " KT=" + std::to_string(KT) + " W=" + std::to_string(W) +
+                           (Long ? " long" : "");
+  // The limit only goes up (a launcher that raised it for its cluster mailboxes counts on it).
+  cudaFuncAttributes attributes{};
+  int own = 0;
+  int held = 0;
+  std::int32_t smem = 0;
+  bool ok = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess;
+  const std::int32_t limit =
+      attributes.maxDynamicSharedSizeBytes > need ? attributes.maxDynamicSharedSizeBytes : need;
+  ok = ok && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit) ==
+                 cudaSuccess;
+  ok = ok &&
+       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&own, kernel, W * 32, need) == cudaSuccess;
+  if constexpr (W == kd::decode_warps) {
+    ok = ok &&
+         kd::decode_held_smem(kernel, W * 32, planned, need, limit, device, smem) == cudaSuccess;
+  } else {
+    smem = need; // the wide kernel's small grids are not held (launch_decode)
+  }
+  ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                 &held, kernel, W * 32, static_cast<std::size_t>(smem)) == cudaSuccess;
+  if (!ok) {
+    (void)cudaGetLastError();
+    failed.push_back(name + ": a CUDA call failed");
+  } else if (own < planned || (W == kd::decode_warps && held != planned)) {
+    failed.push_back(name + ": cut for " + std::to_string(planned) + " blocks an SM, " +
+                     std::to_string(own) + " resident with " + std::to_string(need) +
+                     " bytes of shared memory, " + std::to_string(held) + " with " +
+                     std::to_string(smem));
+  }
+}
+
+// The kernels the launcher may run for a cache of `Layout` at head dim D (launch_decode).
+template <class Layout, class T, int D>
+void check_residency_all(const std::string& what, int device, std::vector<std::string>& failed) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  check_residency<Layout, T, D, 1, 1, kd::decode_warps, false>(what, device, failed);
+  check_residency<Layout, T, D, 2, 1, kd::decode_warps, false>(what, device, failed);
+  if constexpr (kd::decode_two_tiles_fit<K, V, D, 1>()) {
+    check_residency<Layout, T, D, 1, 2, kd::decode_warps, false>(what, device, failed);
+    if constexpr (kd::decode_long_ring_fit<K, V, D, 1>()) {
+      check_residency<Layout, T, D, 1, 2, kd::decode_warps, true>(what, device, failed);
+    }
+  }
+  if constexpr (kd::frag<K, D>::bits == 4 && kd::frag<V, D>::bits == 4) {
+    if constexpr (kd::decode_cluster_smem_bytes<K, V, D, 1, 1, kd::decode_wide_warps>() <=
+                  227 * 1024) {
+      check_residency<Layout, T, D, 1, 1, kd::decode_wide_warps, false>(what, device, failed);
+    }
+    if constexpr (kd::decode_cluster_smem_bytes<K, V, D, 2, 1, kd::decode_wide_warps>() <=
+                  227 * 1024) {
+      check_residency<Layout, T, D, 2, 1, kd::decode_wide_warps, false>(what, device, failed);
+    }
+  }
+}
+
+} // namespace
+
 // The variants the tests run (each instantiation compiles the kernels of one head dim).
 #define KVKIT_DECODE_CASE(D, L, T)                                                                 \
   template decode_outcome run_decode<D, L, T>(                                                     \
@@ -540,5 +615,30 @@ KVKIT_DECODE_CASE(128, int8_k_int4_v, __half)
 KVKIT_DECODE_CASE(64, int4_32, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, int4_32, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, bf16_nhd, __half)
+
+std::vector<std::string> decode_residency_failures() {
+  std::vector<std::string> failed;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {"no device"};
+  }
+  // The kernels of the variants above (no other kernel is compiled for this check).
+  check_residency_all<bf16_nhd, __nv_bfloat16, 64>("bf16", device, failed);
+  check_residency_all<bf16_nhd, __nv_bfloat16, 128>("bf16", device, failed);
+  check_residency_all<bf16_nhd, __nv_bfloat16, 256>("bf16", device, failed);
+  check_residency_all<fp16_hnd, __half, 128>("fp16 hnd", device, failed);
+  check_residency_all<e4m3_nhd, __nv_bfloat16, 128>("fp8 e4m3", device, failed);
+  check_residency_all<e5m2_hnd, __half, 64>("fp8 e5m2 hnd", device, failed);
+  check_residency_all<int8_nhd, __nv_bfloat16, 128>("int8", device, failed);
+  check_residency_all<int4_32, __half, 256>("int4 g32", device, failed);
+  check_residency_all<int4_128_hnd, __nv_bfloat16, 128>("int4 g128 hnd", device, failed);
+  check_residency_all<e4m3_hnd, __nv_bfloat16, 128>("fp8 e4m3 hnd", device, failed);
+  check_residency_all<int4_32_hnd, __nv_bfloat16, 128>("int4 g32 hnd", device, failed);
+  check_residency_all<int8_k_int4_v, __half, 128>("int8 K, int4 V", device, failed);
+  check_residency_all<int4_32, __nv_bfloat16, 64>("int4 g32", device, failed);
+  check_residency_all<int4_32, __nv_bfloat16, 128>("int4 g32", device, failed);
+  return failed;
+}
 
 } // namespace kvkit_test

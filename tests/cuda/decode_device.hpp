@@ -74,4 +74,9 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
 // bad_argument / cudaErrorInvalidValue (and of a good case that was). Empty when all is well.
 std::vector<std::string> decode_validation_failures();
 
+// Every decode kernel of the variants above: one line for each that fits fewer blocks per
+// multiprocessor than its grids are cut for, or (blocks of four warps) that the launcher's shared
+// memory does not hold to exactly that many. Empty when all is well.
+std::vector<std::string> decode_residency_failures();
+
 } // namespace kvkit_test

@@ -744,3 +744,13 @@ TEST_CASE("paged_decode: validate rejects bad arguments before launch", "[cuda][
   }
   CHECK(accepted.empty());
 }
+
+TEST_CASE("paged_decode: every kernel resides as many blocks per SM as its grids are cut for",
+          "[cuda][decode]") {
+  const auto off = kvkit_test::decode_residency_failures();
+  for (const auto& line : off) {
+    INFO(line);
+    CHECK(false);
+  }
+  CHECK(off.empty());
+}

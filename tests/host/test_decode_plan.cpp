@@ -165,6 +165,8 @@ TEST_CASE("plan_decode splits a quantized cache for four resident blocks per mul
   CHECK(kvkit::decode_blocks_per_sm(8, 128, 8) == 4);
   CHECK(kvkit::decode_blocks_per_sm(4, 64, 1) == 4);
   CHECK(kvkit::decode_blocks_per_sm(8, 256, 8) == 2);
+  CHECK(kvkit::decode_blocks_per_sm(16, 256, 8) == 1);
+  CHECK(kvkit::decode_blocks_per_sm(16, 256, 16) == 1);
   CHECK(kvkit::decode_blocks_per_sm(4, 128, 16) == 2);
   const std::vector<std::int32_t> lens(8, 8192);
   const auto wide = kvkit::plan_decode({8, 32, 8, 128, 0, 16}, lens, 132);
@@ -173,6 +175,17 @@ TEST_CASE("plan_decode splits a quantized cache for four resident blocks per mul
   REQUIRE(narrow.ok());
   CHECK(static_cast<std::int64_t>(wide->max_splits) * 8 * 8 <= 2 * 132);
   CHECK(static_cast<std::int64_t>(narrow->max_splits) * 8 * 8 <= 4 * 132);
+  // A 16-bit cache at head dim 256: one block per multiprocessor, and at B=1 the chunks of a
+  // cluster merge (8 splits) only where they are four tiles or shorter.
+  const auto bf16_256 = kvkit::plan_decode({8, 32, 8, 256, 0, 16}, lens, 132);
+  REQUIRE(bf16_256.ok());
+  CHECK(static_cast<std::int64_t>(bf16_256->max_splits) * 8 * 8 <= 132);
+  for (const auto& [len, splits] : {std::pair{2048, 8}, {8192, 16}, {32768, 16}}) {
+    const auto b1 = kvkit::plan_decode({1, 32, 8, 256, 0, 16}, std::vector<std::int32_t>{len}, 132);
+    REQUIRE(b1.ok());
+    INFO("L=" << len);
+    CHECK(b1->max_splits == splits);
+  }
   CHECK(narrow->max_splits > wide->max_splits);
   // Not below 16 tiles a block for the extra blocks: one sequence is split as for bf16.
   const std::vector<std::int32_t> one(1, 8192);

@@ -112,9 +112,13 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
 //! head_dim up to 128 and groups up to 8: its tiles are bound by the latency of their
 //! dequantization more than by bandwidth, so it runs twice the warps, each with a shallower copy
 //! pipeline (measured on the H200: fp8 at B=128, L=32768 2.32 ms with two blocks, 2.03 ms with
-//! four). Two otherwise.
+//! four). One for a 16-bit cache at head_dim 256, whose two pipeline stages of 16 KB a warp take
+//! 128 KB a block (more than half of a multiprocessor's shared memory). Two otherwise.
 [[nodiscard]] constexpr std::int32_t
 decode_blocks_per_sm(std::int32_t kv_bits, std::int32_t head_dim, std::int32_t group) {
+  if (kv_bits == 16 && head_dim > 128) {
+    return 1;
+  }
   return kv_bits < 16 && head_dim <= 128 && group <= 8 ? 4 : 2;
 }
 
@@ -248,7 +252,8 @@ template <class Lengths>
   return (blocks + sms - 1) / sms * chunk;
 }
 
-// The chunk for one wave of two blocks per multiprocessor. Where the kernel keeps four resident
+// The chunk for one wave of two blocks per multiprocessor (of one where the kernel keeps only one
+// resident, `resident` 1: a 16-bit cache at head dim 256). Where the kernel keeps four resident
 // (`resident`), it splits for four only if each block still gets at least 16 tiles: shorter ones
 // pay their start and their merge for too little work (H200, fp8: B=8, L=8192 50.3 to 46.5 us with
 // 8 splits of 1024 keys, but B=1, L=8192 19.1 to 22.7 us with 64 of 128, and B=32, L=512 19.2 to
@@ -264,7 +269,9 @@ template <class Lengths>
 [[nodiscard]] constexpr std::int64_t chunk_for(const decode_shape& shape, Lengths& lengths,
                                                std::int64_t max_len, std::int64_t sms,
                                                std::int32_t resident) {
-  std::int64_t chunk = smallest_chunk(shape, lengths, max_len, 2 * sms);
+  // One wave of two blocks per multiprocessor, or of one where no more fit (`resident` 1).
+  const std::int64_t wave = std::min<std::int64_t>(resident, 2) * sms;
+  std::int64_t chunk = smallest_chunk(shape, lengths, max_len, wave);
   if (resident > 2) {
     const std::int64_t finer = smallest_chunk(shape, lengths, max_len, resident * sms);
     if (finer >= 16 * decode_plan::tile_tokens) {
@@ -282,17 +289,22 @@ template <class Lengths>
   // their chunks are at most twice as long; where it leaves room for twice its blocks, it cuts
   // down to one tile a warp (H200, bf16 B=1: L=2048 12.5 us with 16 splits of 128 keys, 10.4 with
   // 8 of 256; L=8192 19.9 with 32 of 256, 22.9 with 8 of 1024; L=512 7.9 with 4 of 128, 7.45
-  // with 8 of 64). The plan does not know the device: on one without clusters, or where the
+  // with 8 of 64). With one block per multiprocessor (`resident` 1) half the blocks leave half the
+  // SMs idle, so the longer chunks are taken only up to four tiles (H200, bf16 at head dim 256,
+  // B=1, 8 KV heads: L=2048 in 8 splits of 256 keys 2-18% faster than in 16 of 128, but L=8192 in
+  // 16 splits of 512 keys 16-22% faster than in 8 of 1024, L=32768 in 16 of 2048 34-36% faster
+  // than in 8 of 4096). The plan does not know the device: on one without clusters, or where the
   // clusters do not all fit, the same splits merge through the workspace.
   const std::int64_t cluster_chunk = whole_tiles((max_len + decode_plan::max_cluster_splits - 1) /
                                                  decode_plan::max_cluster_splits);
   if (cluster_chunk > chunk) {
     if ((max_len + chunk - 1) / chunk > decode_plan::max_cluster_splits &&
-        cluster_chunk <= 2 * chunk) {
+        cluster_chunk <= 2 * chunk &&
+        (resident >= 2 || cluster_chunk <= 4 * decode_plan::tile_tokens)) {
       chunk = cluster_chunk;
     }
   } else if (cluster_chunk < chunk) {
-    if (block_count(shape, lengths, cluster_chunk) <= sms) {
+    if (2 * block_count(shape, lengths, cluster_chunk) <= wave) {
       chunk = cluster_chunk;
     }
   }

@@ -874,12 +874,16 @@ inline constexpr std::int32_t decode_long_block_keys = frag<K, 128>::bits == 4 ?
 // 0.5% either way), where splits of 1024 paired to 2048 gained 1-3% over the six-stage build.
 inline constexpr std::int32_t decode_paired_block_keys = decode_plan::two_tiles_min_keys;
 
+// Blocks per multiprocessor that a kernel's grids are cut for and its registers are held to:
+// stage_layout's for blocks of decode_warps warps, one for the wide blocks (small grids).
+template <class K, class V, int D, int NT, int KT, int W>
+inline constexpr int decode_planned_blocks =
+    W == decode_warps ? stage_layout<K, V, D, NT, KT>::blocks_per_sm : 1;
+
 template <class Layout, class T, int D, int NT, int KT, int W, bool Long>
-__global__ void
-__launch_bounds__(W * 32, (W == decode_warps
-                               ? stage_layout<typename Layout::k_codec, typename Layout::v_codec, D,
-                                              NT, KT>::blocks_per_sm
-                               : 1)) paged_decode_kernel(const decode_params<Layout, T> p) {
+__global__ void __launch_bounds__(
+    W * 32, decode_planned_blocks<typename Layout::k_codec, typename Layout::v_codec, D, NT, KT, W>)
+    paged_decode_kernel(const decode_params<Layout, T> p) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   using kf = frag<K, D>;
@@ -2089,6 +2093,44 @@ inline std::int32_t decode_smem_optin(int device) {
   return bytes;
 }
 
+// Dynamic shared memory for launches of `kernel` (blocks of `threads`, `need` bytes of their own)
+// on `device` that leaves at most `planned` blocks of it resident per multiprocessor: `need` where
+// no more fit anyway, otherwise enough that one block more would overflow the multiprocessor, the
+// kernel's limit (`limit` bytes until now) raised to it. `need` as well where that limit cannot be
+// raised (more blocks then fit than planned, which is not an error of the launch).
+template <class Kernel>
+cudaError_t decode_held_smem(Kernel kernel, int threads, int planned, std::int32_t need,
+                             std::int32_t limit, int device, std::int32_t& smem) {
+  smem = need;
+  int resident = 0;
+  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &resident, kernel, threads, static_cast<std::size_t>(need));
+      e != cudaSuccess || resident <= planned) {
+    return e;
+  }
+  std::int32_t per_sm = 0;
+  std::int32_t reserved = 0;
+  if (const cudaError_t e =
+          decode_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(device, per_sm);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (const cudaError_t e =
+          decode_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(device, reserved);
+      e != cudaSuccess) {
+    return e;
+  }
+  // planned + 1 blocks of keep_out bytes and their reserved shared memory overflow the SM.
+  const std::int32_t keep_out = (per_sm / (planned + 1) - reserved + 1 + 127) / 128 * 128;
+  if (keep_out > limit && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               keep_out) != cudaSuccess) {
+    (void)cudaGetLastError(); // not an error of this launch: more blocks resident than planned
+    return cudaSuccess;
+  }
+  smem = keep_out > need ? keep_out : need;
+  return cudaSuccess;
+}
+
 // Warps in a block of the wide kernel. An int4 cache on a grid of at most one block per
 // multiprocessor, whose splits give each of these warps two tiles or more, runs blocks of this
 // many warps: each scheduler has two warps to switch between and each warp half the tiles (int4's
@@ -2184,51 +2226,28 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     }
     raised.fetch_or(bit, std::memory_order_acq_rel);
   }
-  // The two-tile kernel's grids are cut for two blocks per multiprocessor
-  // (stage_layout::blocks_per_sm). Where a build's registers and shared memory would let a third
-  // in (int4 g128 at head dim 128: 168 registers and 75 KB), the launch asks for enough shared
-  // memory to keep it out (found once per device, from the kernel's occupancy). H200, int4 g128
-  // in the benchmark's loop of dependent launches: B=1, L=32768 g8 25.3 to 21.2 us, B=8, L=2048
-  // g8 15.6 to 13.7 (12-16% faster; g32 took 22.2 and 14.1), every other int4, fp8 and bf16 row
-  // within 2% (the host-bound B=1, L=512 aside). One launch alone under Nsight Compute was not
-  // slower with three blocks an SM (16.5 us against g32's 20.4 at B=8, L=2048): the loss is in
-  // the loop, where a launch's blocks are placed while the one before it still runs.
+  // A kernel of decode_warps warps has its grids cut for decode_planned_blocks blocks per
+  // multiprocessor. Where its registers and shared memory would let one more in, the launch asks
+  // for enough shared memory to keep it out (decode_held_smem, once per device): on the H200, the
+  // two-tile kernel of int4 g128 at head dim 128 (168 registers and 75 KB: a third block), and at
+  // head dim 64 the two-tile kernels and those of groups over 8 (a third). There, int4 g128 in the
+  // benchmark's loop of dependent launches: B=1, L=32768 g8 25.3 to 21.2 us, B=8, L=2048 g8 15.6
+  // to 13.7 (12-16% faster; g32 took 22.2 and 14.1), every other int4, fp8 and bf16 row within 2%
+  // (the host-bound B=1, L=512 aside). One launch alone under Nsight Compute was not slower with
+  // three blocks an SM (16.5 us against g32's 20.4 at B=8, L=2048): the loss is in the loop, where
+  // a launch's blocks are placed while the one before it still runs. At head dim 64 the rule
+  // measured within 0.5% either way (fp8, int8, int4 g32 at B=1 to 32, groups 4 and 8). The wide
+  // kernel runs on grids of at most one block an SM, where a second one (the next launch's) takes
+  // no SM from this one: it is not held (int4 at head dim 64, B=1, L=2048 3.5% slower held).
   std::int32_t smem = smem_need;
   std::int32_t cluster_smem = cluster_need;
-  if constexpr (KT == 2 && W == decode_warps) {
+  if constexpr (W == decode_warps) {
     std::int32_t padded = 0;
     if (decode_per_device(device, padded, [&](int d, std::int32_t& v) {
-          v = smem_need;
-          int resident = 0;
-          if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                  &resident, kernel, W * 32, static_cast<std::size_t>(smem_need));
-              e != cudaSuccess || resident <= 2) {
-            return e;
-          }
-          std::int32_t per_sm = 0;
-          std::int32_t reserved = 0;
-          if (const cudaError_t e =
-                  decode_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(d, per_sm);
-              e != cudaSuccess) {
-            return e;
-          }
-          if (const cudaError_t e =
-                  decode_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(d, reserved);
-              e != cudaSuccess) {
-            return e;
-          }
-          // Three blocks of keep_out bytes and their reserved shared memory overflow the SM.
-          const std::int32_t keep_out = (per_sm / 3 - reserved + 1 + 127) / 128 * 128;
           const std::int32_t limit =
               (mailboxes.load(std::memory_order_acquire) & bit) != 0 ? cluster_need : smem_need;
-          if (keep_out > limit &&
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, keep_out) !=
-                  cudaSuccess) {
-            (void)cudaGetLastError(); // not an error of this launch: three blocks an SM
-            return cudaSuccess;
-          }
-          v = keep_out > smem_need ? keep_out : smem_need;
-          return cudaSuccess;
+          return decode_held_smem(kernel, W * 32, decode_planned_blocks<K, V, D, NT, KT, W>,
+                                  smem_need, limit, d, v);
         }) != cudaSuccess) {
       (void)cudaGetLastError(); // not an error of this launch: the kernel's own shared memory
       padded = 0;
