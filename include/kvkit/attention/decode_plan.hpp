@@ -291,10 +291,10 @@ template <class Lengths>
   // 8 of 256; L=8192 19.9 with 32 of 256, 22.9 with 8 of 1024; L=512 7.9 with 4 of 128, 7.45
   // with 8 of 64). With one block per multiprocessor (`resident` 1) half the blocks leave half the
   // SMs idle, so the longer chunks are taken only up to four tiles (H200, bf16 at head dim 256,
-  // B=1, 8 KV heads: L=2048 in 8 splits of 256 keys 2-18% faster than in 16 of 128, but L=8192 in
-  // 16 splits of 512 keys 16-22% faster than in 8 of 1024, L=32768 in 16 of 2048 34-36% faster
-  // than in 8 of 4096). The plan does not know the device: on one without clusters, or where the
-  // clusters do not all fit, the same splits merge through the workspace.
+  // B=1, 8 KV heads: L=2048 in 8 splits of 256 keys 2-18% less time than in 16 of 128, but
+  // L=8192 in 16 splits of 512 keys 16-22% less than in 8 of 1024, L=32768 in 16 of 2048 34-36%
+  // less than in 8 of 4096). The plan does not know the device: on one without clusters, or where
+  // the clusters do not all fit, the same splits merge through the workspace.
   const std::int64_t cluster_chunk = whole_tiles((max_len + decode_plan::max_cluster_splits - 1) /
                                                  decode_plan::max_cluster_splits);
   if (cluster_chunk > chunk) {

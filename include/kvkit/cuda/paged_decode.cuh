@@ -2236,7 +2236,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // (the host-bound B=1, L=512 aside). One launch alone under Nsight Compute was not slower with
   // three blocks an SM (16.5 us against g32's 20.4 at B=8, L=2048): the loss is in the loop, where
   // a launch's blocks are placed while the one before it still runs. At head dim 64 the rule
-  // measured within 0.5% either way (fp8, int8, int4 g32 at B=1 to 32, groups 4 and 8). The wide
+  // measured within 1.1% either way (fp8, int8, int4 g32 at B=1 to 32, groups 4 and 8). The wide
   // kernel runs on grids of at most one block an SM, where a second one (the next launch's) takes
   // no SM from this one: it is not held (int4 at head dim 64, B=1, L=2048 3.5% slower held).
   std::int32_t smem = smem_need;
