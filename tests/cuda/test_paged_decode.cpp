@@ -297,7 +297,7 @@ TEST_CASE("paged_decode bf16: head dims 64 and 256, one KV head (MQA)", "[cuda][
     check_decode<64, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
         paged_layout<kvkit::bf16_codec>(16, 1, 64), group, {5, 700, 2}, seed + group);
     check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
-        paged_layout<kvkit::bf16_codec>(16, 1, 256), group, {5, 700, 2}, seed + 50 + group);
+        paged_layout<kvkit::bf16_codec>(16, 1, 256), group, {5, 700, 2, 3000}, seed + 50 + group);
   }
 }
 

@@ -112,8 +112,9 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
 //! head_dim up to 128 and groups up to 8: its tiles are bound by the latency of their
 //! dequantization more than by bandwidth, so it runs twice the warps, each with a shallower copy
 //! pipeline (measured on the H200: fp8 at B=128, L=32768 2.32 ms with two blocks, 2.03 ms with
-//! four). One for a 16-bit cache at head_dim 256, whose two pipeline stages of 16 KB a warp take
-//! 128 KB a block (more than half of a multiprocessor's shared memory). Two otherwise.
+//! four). One for a 16-bit cache at head_dim 256, whose two pipeline stages of 16 KB a warp would
+//! take 128 KB a block (more than half of a multiprocessor's shared memory; the one block keeps
+//! three). Two otherwise.
 [[nodiscard]] constexpr std::int32_t
 decode_blocks_per_sm(std::int32_t kv_bits, std::int32_t head_dim, std::int32_t group) {
   if (kv_bits == 16 && head_dim > 128) {

@@ -750,7 +750,11 @@ struct stage_layout {
   // stages or five int4 ones (of which the kernel keeps three at head dim 128: decode_stages); the
   // kernel is then held to 128 registers. Otherwise two blocks with 24 KB a warp, or 16 KB when K
   // or V is int4: a third block fits where registers allow, and its warps gain more than deeper
-  // stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52).
+  // stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52). One block for a 16-bit cache at
+  // head dim 256, whose 16 KB tiles would leave one stage in 24 KB: 48 KB a warp, three stages,
+  // 192 KB a block (H200, bf16 at head dim 256 against two stages, 64 rows: 2.8% less time by
+  // geometric mean, B=64 and 128 3-8% less, B=1, L=2048 and 8192 2-11% less; B=1, L=512 g8 5-6%
+  // more, a row of 5.5 us, and B=1 and 8, L=512 g4 and B=8, L=8192 up to 1.4% more).
   // The two-tile kernel (KT = 2) runs two blocks per SM (one where the grid has at most one a
   // SM) with 24 KB a warp: at head dim 128, five or six stages of an 8-bit cache and eight of an
   // int4 one, so that two tiles or more stay in flight while a step computes two (H200, fp8 and
@@ -762,8 +766,11 @@ struct stage_layout {
           ? 2
           : decode_blocks_per_sm(kf::bits < vf::bits ? kf::bits : vf::bits, D, NT == 1 ? 8 : 16);
   static constexpr int budget =
-      KT == 2 ? 24576
-              : (blocks_per_sm == 4 ? 14336 : (kf::bits == 4 || vf::bits == 4 ? 16384 : 24576));
+      KT == 2
+          ? 24576
+          : (blocks_per_sm == 1
+                 ? 49152
+                 : (blocks_per_sm == 4 ? 14336 : (kf::bits == 4 || vf::bits == 4 ? 16384 : 24576)));
   static constexpr int stages =
       (budget / bytes) < 2 ? 2 : ((budget / bytes) > 8 ? 8 : budget / bytes);
 };
