@@ -1,4 +1,5 @@
-// paged_decode throughput: Llama-3-8B attention shapes (8 KV heads, head dim 128, groups 4 and 8)
+// paged_decode throughput: Llama-3-8B attention shapes (8 KV heads, head dim 128 unless
+// KVKIT_DECODE_HEAD_DIM says otherwise (below), groups 4 and 8)
 // for B in {1, 8, 32, 64, 128} x L in {512, 2048, 8192, 32768}, every codec (bf16, fp8 e4m3 and
 // int4 g32 at every shape and group; fp16, fp8 e5m2, int8, int4 g64 and g128 at group 8, and at
 // group 4 at the sweep's shapes: B=1, L=2048; B=8, L=8192; B=32, L=2048; B=64, L=8192), page

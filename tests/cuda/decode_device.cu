@@ -638,6 +638,7 @@ std::vector<std::string> decode_residency_failures() {
   check_residency_all<int8_k_int4_v, __half, 128>("int8 K, int4 V", device, failed);
   check_residency_all<int4_32, __nv_bfloat16, 64>("int4 g32", device, failed);
   check_residency_all<int4_32, __nv_bfloat16, 128>("int4 g32", device, failed);
+  check_residency_all<bf16_nhd, __half, 128>("bf16, fp16 queries", device, failed);
   return failed;
 }
 

@@ -299,6 +299,10 @@ TEST_CASE("paged_decode bf16: head dims 64 and 256, one KV head (MQA)", "[cuda][
     check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
         paged_layout<kvkit::bf16_codec>(16, 1, 256), group, {5, 700, 2, 3000}, seed + 50 + group);
   }
+  // Planned for one multiprocessor: whole sequences, so a block of 3000 keys gives each warp 47
+  // tiles, around the three-stage ring many times.
+  check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+      paged_layout<kvkit::bf16_codec>(16, 1, 256), 8, {3000, 5}, seed + 99, {}, 1);
 }
 
 TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {

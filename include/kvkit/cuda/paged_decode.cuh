@@ -750,7 +750,9 @@ struct stage_layout {
   // stages or five int4 ones (of which the kernel keeps three at head dim 128: decode_stages); the
   // kernel is then held to 128 registers. Otherwise two blocks with 24 KB a warp, or 16 KB when K
   // or V is int4: a third block fits where registers allow, and its warps gain more than deeper
-  // stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52). One block for a 16-bit cache at
+  // stages would (H200: int4 B=128, L=32768 2.85 ms to 2.52, measured before the launcher held
+  // every grid to its planned blocks, decode_held_smem; with the third block kept out, whether
+  // 24 KB a warp would now serve int4 better is unmeasured). One block for a 16-bit cache at
   // head dim 256, whose 16 KB tiles would leave one stage in 24 KB: 48 KB a warp, three stages,
   // 192 KB a block (H200, bf16 at head dim 256 against two stages, 64 rows: 2.8% less time by
   // geometric mean, B=64 and 128 3-8% less, B=1, L=2048 and 8192 2-11% less; B=1, L=512 g8 5-6%
@@ -2234,27 +2236,30 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     raised.fetch_or(bit, std::memory_order_acq_rel);
   }
   // A kernel of decode_warps warps has its grids cut for decode_planned_blocks blocks per
-  // multiprocessor. Where its registers and shared memory would let one more in, the launch asks
-  // for enough shared memory to keep it out (decode_held_smem, once per device): on the H200, the
-  // two-tile kernel of int4 g128 at head dim 128 (168 registers and 75 KB: a third block), and at
-  // head dim 64 the two-tile kernels and those of groups over 8 (a third). There, int4 g128 in the
-  // benchmark's loop of dependent launches: B=1, L=32768 g8 25.3 to 21.2 us, B=8, L=2048 g8 15.6
-  // to 13.7 (12-16% faster; g32 took 22.2 and 14.1), every other int4, fp8 and bf16 row within 2%
-  // (the host-bound B=1, L=512 aside). One launch alone under Nsight Compute was not slower with
-  // three blocks an SM (16.5 us against g32's 20.4 at B=8, L=2048): the loss is in the loop, where
-  // a launch's blocks are placed while the one before it still runs. At head dim 64 the rule
-  // measured within 1.1% either way (fp8, int8, int4 g32 at B=1 to 32, groups 4 and 8). The wide
-  // kernel runs on grids of at most one block an SM, where a second one (the next launch's) takes
-  // no SM from this one: it is not held (int4 at head dim 64, B=1, L=2048 3.5% slower held).
+  // multiprocessor. Where its registers and shared memory would let one block more in, the launch
+  // asks for enough shared memory to keep it out (decode_held_smem, once per device): on the H200,
+  // the two-tile kernel of int4 g128 at head dim 128 (168 registers and 75 KB: a third block), and
+  // at head dim 64 the two-tile kernels and those of groups over 8 (a third). There, int4 g128 in
+  // the benchmark's loop of dependent launches: B=1, L=32768 g8 25.3 to 21.2 us, B=8, L=2048 g8
+  // 15.6 to 13.7 (12-16% faster; g32 took 22.2 and 14.1), every other int4, fp8 and bf16 row
+  // within 2% (the host-bound B=1, L=512 aside). One launch alone under Nsight Compute was not
+  // slower with three blocks an SM (16.5 us against g32's 20.4 at B=8, L=2048): the loss is in the
+  // loop, where a launch's blocks are placed while the one before it still runs. Grids of several
+  // waves are held too: the plan cuts them for the planned count, and a third block breaks their
+  // waves (int8 at head dim 64, B=64, L=8192, 512 blocks of the two-tile kernel: 248 us with the
+  // third block, 177 held; B=128, L=2048 7% more time). At head dim 64, fp8, int8 and int4 g32
+  // at B=1 to 32 measured within 1.8% either way. The wide kernel is not held: it runs on grids of
+  // at most one block an SM, where a second one (the next launch's) takes no SM from this one
+  // (int4 at head dim 64, B=1, L=2048 3.5% slower held).
   std::int32_t smem = smem_need;
   std::int32_t cluster_smem = cluster_need;
   if constexpr (W == decode_warps) {
+    constexpr int planned = decode_planned_blocks<K, V, D, NT, KT, W>;
     std::int32_t padded = 0;
     if (decode_per_device(device, padded, [&](int d, std::int32_t& v) {
           const std::int32_t limit =
               (mailboxes.load(std::memory_order_acquire) & bit) != 0 ? cluster_need : smem_need;
-          return decode_held_smem(kernel, W * 32, decode_planned_blocks<K, V, D, NT, KT, W>,
-                                  smem_need, limit, d, v);
+          return decode_held_smem(kernel, W * 32, planned, smem_need, limit, d, v);
         }) != cudaSuccess) {
       (void)cudaGetLastError(); // not an error of this launch: the kernel's own shared memory
       padded = 0;
