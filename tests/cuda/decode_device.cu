@@ -564,15 +564,11 @@ void check_residency_all(const std::string& what, int device, std::vector<std::s
       check_residency<Layout, T, D, 1, 2, kd::decode_warps, true>(what, device, failed);
     }
   }
-  if constexpr (kd::frag<K, D>::bits == 4 && kd::frag<V, D>::bits == 4) {
-    if constexpr (kd::decode_cluster_smem_bytes<K, V, D, 1, 1, kd::decode_wide_warps>() <=
-                  227 * 1024) {
-      check_residency<Layout, T, D, 1, 1, kd::decode_wide_warps, false>(what, device, failed);
-    }
-    if constexpr (kd::decode_cluster_smem_bytes<K, V, D, 2, 1, kd::decode_wide_warps>() <=
-                  227 * 1024) {
-      check_residency<Layout, T, D, 2, 1, kd::decode_wide_warps, false>(what, device, failed);
-    }
+  if constexpr (kd::decode_wide_fit<K, V, D, 1>()) {
+    check_residency<Layout, T, D, 1, 1, kd::decode_wide_warps, false>(what, device, failed);
+  }
+  if constexpr (kd::decode_wide_fit<K, V, D, 2>()) {
+    check_residency<Layout, T, D, 2, 1, kd::decode_wide_warps, false>(what, device, failed);
   }
 }
 

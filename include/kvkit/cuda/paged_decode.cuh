@@ -2148,6 +2148,15 @@ cudaError_t decode_held_smem(Kernel kernel, int threads, int planned, std::int32
 // there) unchanged; L=512 (one tile a warp) int4 7-10% slower.
 inline constexpr int decode_wide_warps = 8;
 
+// Whether the wide kernel is built for these codecs and shapes: int4 K and V, where its shared
+// memory (with a cluster merge's mailboxes) is at most 227 KB, the most any device of compute
+// capability 9 lets a block opt in to (the launcher also checks the device's own limit).
+template <class K, class V, int D, int NT>
+constexpr bool decode_wide_fit() {
+  return frag<K, D>::bits == 4 && frag<V, D>::bits == 4 &&
+         decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <= 227 * 1024;
+}
+
 // Thread blocks of a launch's grid: (split, KV head, sequence).
 template <class Layout, class T>
 std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_plan& plan) {
@@ -2453,11 +2462,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       }
     }
   }
-  constexpr int wide_smem = decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>();
-  // 227 KB: the most any device of compute capability 9 lets a block opt in to.
-  if constexpr (frag<K, D>::bits == 4 && frag<V, D>::bits == 4 && wide_smem <= 227 * 1024) {
+  if constexpr (decode_wide_fit<K, V, D, NT>()) {
     if (small_grid && plan.chunk_tokens >= 2 * decode_wide_warps * 16 &&
-        wide_smem <= decode_smem_optin(device)) {
+        decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <=
+            decode_smem_optin(device)) {
       return launch_decode<Layout, T, D, NT, 1, decode_wide_warps>(a, plan, workspace, stream,
                                                                    device, sms, blocks);
     }
