@@ -52,9 +52,28 @@ static_assert(kd::decode_long_block_keys<kvkit::fp8_e4m3_codec> == 8192);
 static_assert(kd::decode_paired_block_keys == 2048);
 static_assert(kd::decode_stages<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1, 2>() == 6);
 static_assert(kd::decode_stages<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 128, 1, 2,
-                                kd::decode_warps, true>() == 4);
+                                kd::decode_warps, kd::decode_long_ring>() == 4);
 static_assert(kd::decode_stages<int4_g32, int4_g32, 128, 1, 2>() == 8);
-static_assert(kd::decode_stages<int4_g32, int4_g32, 128, 1, 2, kd::decode_warps, true>() == 4);
+// The short-ring build (decode_short_ring_fit): the 16-bit caches at head dim 256 only, whose
+// three stages (192 KB a block) an A100 cannot hold; two take 128 KB.
+static_assert(kd::decode_short_ring_fit<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>());
+static_assert(kd::decode_short_ring_fit<kvkit::fp16_codec, kvkit::fp16_codec, 256, 2>());
+static_assert(kd::decode_smem_bytes<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>() == 192 * 1024);
+static_assert(kd::decode_smem_bytes<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1, 1,
+                                    kd::decode_warps, kd::decode_short_ring>() == 128 * 1024);
+static_assert(!kd::decode_short_ring_fit<kvkit::bf16_codec, kvkit::bf16_codec, 128, 1>());
+static_assert(!kd::decode_short_ring_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 256, 1>());
+static_assert(!kd::decode_short_ring_fit<kvkit::int8_codec, kvkit::int8_codec, 256, 2>());
+static_assert(!kd::decode_short_ring_fit<int4_g32, int4_g32, 256, 1>());
+static_assert(kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(163 *
+                                                                                        1024));
+static_assert(kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 256, 2>(0));
+static_assert(!kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(227 *
+                                                                                         1024));
+static_assert(!kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 128, 1>(0));
+static_assert(
+    kd::decode_stages<int4_g32, int4_g32, 128, 1, 2, kd::decode_warps, kd::decode_long_ring>() ==
+    4);
 
 // Shared memory without bank conflicts, checked lane by lane at compile time (stage_layout): the
 // K and V fragment reads of every kernel (a static_assert in stage_layout itself), and the block
@@ -169,6 +188,24 @@ __global__ void copy_late(const std::uint16_t* src, std::uint16_t* dst, std::siz
       cache_dst[at + i] = cache_src[at + i];
     }
   }
+}
+
+// paged_decode_dim<HeadDim>, with the launcher told that a block may opt in to `smem_optin`
+// bytes of shared memory where that is not negative.
+template <int HeadDim, class Layout, class T>
+cudaError_t launch_step(const kvkit::cuda::decode_args<Layout, T>& a,
+                        const kvkit::decode_plan& plan, void* workspace,
+                        std::size_t workspace_bytes, cudaStream_t stream, std::int32_t smem_optin) {
+  if (smem_optin < 0) {
+    return kvkit::cuda::paged_decode_dim<HeadDim>(a, plan, workspace, workspace_bytes, stream);
+  }
+  if (!kvkit::cuda::validate(a, plan, workspace, workspace_bytes).ok() ||
+      plan.shape.head_dim != HeadDim) {
+    return cudaErrorInvalidValue;
+  }
+  return plan.shape.group_size() > 8
+             ? kd::launch_decode<Layout, T, HeadDim, 2>(a, plan, workspace, stream, smem_optin)
+             : kd::launch_decode<Layout, T, HeadDim, 1>(a, plan, workspace, stream, smem_optin);
 }
 
 } // namespace
@@ -313,7 +350,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
           cudaGraph_t graph = nullptr;
           KVKIT_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
           const cudaError_t launch =
-              kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream);
+              launch_step<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin);
           KVKIT_TRY(cudaStreamEndCapture(stream, &graph));
           KVKIT_TRY(launch);
           const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
@@ -334,7 +371,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
               d_last_ids, static_cast<std::int32_t>(last_ids.size()), page_bytes / 16);
           KVKIT_TRY(cudaGetLastError());
         }
-        KVKIT_TRY(kvkit::cuda::paged_decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream));
+        KVKIT_TRY(launch_step<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin));
       }
     }
     KVKIT_TRY(cudaStreamSynchronize(stream));
@@ -365,7 +402,12 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   int clusters = 0;
   KVKIT_TRY(cudaGetDevice(&device));
   KVKIT_TRY(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
-  out.cluster_device = clusters != 0;
+  // As the launcher decides: kernels built for compute capability 9 or later (a build for an older
+  // one, even run here through its PTX, merges through the workspace).
+  cudaFuncAttributes built{};
+  KVKIT_TRY(cudaFuncGetAttributes(
+      &built, kd::paged_decode_kernel<Layout, T, HeadDim, 1, 1, kd::decode_warps, 0>));
+  out.cluster_device = clusters != 0 && built.ptxVersion >= 90 && built.binaryVersion >= 90;
   return out;
 }
 
@@ -510,16 +552,16 @@ namespace {
 // launcher asks for (decode_held_smem, for blocks of decode_warps warps): a line in `failed` where
 // the first is below the blocks its grids are cut for (decode_planned_blocks) or the second is not
 // exactly that.
-template <class Layout, class T, int D, int NT, int KT, int W, bool Long>
+template <class Layout, class T, int D, int NT, int KT, int W, int Ring>
 void check_residency(const std::string& what, int device, std::vector<std::string>& failed) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  const auto kernel = kd::paged_decode_kernel<Layout, T, D, NT, KT, W, Long>;
+  const auto kernel = kd::paged_decode_kernel<Layout, T, D, NT, KT, W, Ring>;
   constexpr int planned = kd::decode_planned_blocks<K, V, D, NT, KT, W>;
-  constexpr int need = kd::decode_smem_bytes<K, V, D, NT, KT, W, Long>();
+  constexpr int need = kd::decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
   const std::string name = what + " D=" + std::to_string(D) + " NT=" + std::to_string(NT) +
                            " KT=" + std::to_string(KT) + " W=" + std::to_string(W) +
-                           (Long ? " long" : "");
+                           (Ring > 0 ? " ring " + std::to_string(Ring) : "");
   // The limit only goes up (a launcher that raised it for its cluster mailboxes counts on it).
   cudaFuncAttributes attributes{};
   int own = 0;
@@ -556,19 +598,28 @@ template <class Layout, class T, int D>
 void check_residency_all(const std::string& what, int device, std::vector<std::string>& failed) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  check_residency<Layout, T, D, 1, 1, kd::decode_warps, false>(what, device, failed);
-  check_residency<Layout, T, D, 2, 1, kd::decode_warps, false>(what, device, failed);
+  check_residency<Layout, T, D, 1, 1, kd::decode_warps, 0>(what, device, failed);
+  check_residency<Layout, T, D, 2, 1, kd::decode_warps, 0>(what, device, failed);
   if constexpr (kd::decode_two_tiles_fit<K, V, D, 1>()) {
-    check_residency<Layout, T, D, 1, 2, kd::decode_warps, false>(what, device, failed);
+    check_residency<Layout, T, D, 1, 2, kd::decode_warps, 0>(what, device, failed);
     if constexpr (kd::decode_long_ring_fit<K, V, D, 1>()) {
-      check_residency<Layout, T, D, 1, 2, kd::decode_warps, true>(what, device, failed);
+      check_residency<Layout, T, D, 1, 2, kd::decode_warps, kd::decode_long_ring>(what, device,
+                                                                                  failed);
     }
   }
+  if constexpr (kd::decode_short_ring_fit<K, V, D, 1>()) {
+    check_residency<Layout, T, D, 1, 1, kd::decode_warps, kd::decode_short_ring>(what, device,
+                                                                                 failed);
+  }
+  if constexpr (kd::decode_short_ring_fit<K, V, D, 2>()) {
+    check_residency<Layout, T, D, 2, 1, kd::decode_warps, kd::decode_short_ring>(what, device,
+                                                                                 failed);
+  }
   if constexpr (kd::decode_wide_fit<K, V, D, 1>()) {
-    check_residency<Layout, T, D, 1, 1, kd::decode_wide_warps, false>(what, device, failed);
+    check_residency<Layout, T, D, 1, 1, kd::decode_wide_warps, 0>(what, device, failed);
   }
   if constexpr (kd::decode_wide_fit<K, V, D, 2>()) {
-    check_residency<Layout, T, D, 2, 1, kd::decode_wide_warps, false>(what, device, failed);
+    check_residency<Layout, T, D, 2, 1, kd::decode_wide_warps, 0>(what, device, failed);
   }
 }
 

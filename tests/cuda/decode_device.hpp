@@ -41,6 +41,10 @@ struct decode_mode {
   // (poisoned until then), and the decode is told decode_args::cache_ready_but_last_page: a
   // decode that read a last page before its wait would see NaN.
   bool late_last_pages = false;
+  // The shared memory a block may opt in to, as the launcher sees it: a stand-in for a smaller
+  // device (an A100's 163 KB runs the short-ring build of the 16-bit kernels at head dim 256);
+  // negative: this device's.
+  std::int32_t smem_optin = -1;
 };
 
 struct decode_outcome {
@@ -50,7 +54,8 @@ struct decode_outcome {
   std::int32_t page_check = 0;                 // the debug flag after the last step
   std::int32_t max_splits = 0;                 // of the (last) plan
   // Whether any launch wrote to the workspace (it starts as garbage, which a launch that merges
-  // its splits in thread block clusters leaves as it is), and whether the device has clusters.
+  // its splits in thread block clusters leaves as it is), and whether the device has clusters and
+  // the kernels were built for them (compute capability 9 or later).
   bool workspace_written = false;
   bool cluster_device = false;
   bool counters_zero = false; // the workspace's counter bytes all zero after the last launch

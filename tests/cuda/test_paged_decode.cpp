@@ -238,7 +238,8 @@ std::vector<std::int32_t> lengths_below(std::size_t n, std::int32_t longest, std
 template <int D, class Layout, class T>
 void check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
                   std::uint64_t seed, const kvkit::attention_options& options = {},
-                  std::int32_t sm_count = 132, bool clusters_fit = true) {
+                  std::int32_t sm_count = 132, bool clusters_fit = true,
+                  std::int32_t smem_optin = -1) {
   const std::int32_t q_heads = group * layout.num_kv_heads();
   problem<Layout> pr(layout, pages_for(layout, lens) + 7, seed);
   const auto step = pr.template make_step<T>(lens, q_heads);
@@ -247,6 +248,7 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
   REQUIRE(shape.head_dim == D);
   kvkit_test::decode_mode mode;
   mode.sm_count = sm_count;
+  mode.smem_optin = smem_optin;
   const auto got = kvkit_test::run_decode<D, Layout, T>(layout, pr.cache, pr.capacity, shape,
                                                         {step}, pr.scales, options, mode);
   INFO("seed " << seed << " page " << layout.page_size() << " group " << group << " D " << D
@@ -303,6 +305,18 @@ TEST_CASE("paged_decode bf16: head dims 64 and 256, one KV head (MQA)", "[cuda][
   // tiles, around the three-stage ring many times.
   check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
       paged_layout<kvkit::bf16_codec>(16, 1, 256), 8, {3000, 5}, seed + 99, {}, 1);
+  // As an A100 would run them, which lets a block opt in to 163 KB, less than the three stages'
+  // 192 KB: the launcher takes the build of two stages (decode_short_ring_fit), split and whole
+  // (47 tiles a warp around its two stages).
+  constexpr std::int32_t a100_smem_optin = 163 * 1024;
+  for (const std::int32_t group : {1, 8, 16}) {
+    check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+        paged_layout<kvkit::bf16_codec>(16, 1, 256), group, {5, 700, 2, 3000}, seed + 150 + group,
+        {}, 132, true, a100_smem_optin);
+  }
+  check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+      paged_layout<kvkit::bf16_codec>(16, 1, 256), 8, {3000, 5}, seed + 199, {}, 1, true,
+      a100_smem_optin);
 }
 
 TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {

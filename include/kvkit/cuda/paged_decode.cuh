@@ -778,6 +778,11 @@ struct stage_layout {
 };
 
 inline constexpr int decode_warps = 4;
+// The stages of the kernel's second builds (decode_stages' `Ring`): at most four for long blocks
+// (decode_long_ring_fit), two for devices that let a block opt in to less shared memory than the
+// kernel's own ring takes (decode_short_ring_fit).
+inline constexpr int decode_long_ring = 4;
+inline constexpr int decode_short_ring = 2;
 
 // Pipeline stages a warp keeps: stage_layout's, but at most three in the one-tile kernels of an
 // int4 cache at head dim 128 with groups up to 8 (stage_layout gives five) and in every wide
@@ -796,23 +801,24 @@ inline constexpr int decode_warps = 4;
 //   the benchmark's overrides) 5.6-6.9%, of 4096 at L=32768 0.8-2.5%.
 // The wide kernels at head dim 64 and at groups over 8 take the same rule, unmeasured.
 //
-// `Long`: a build for blocks of decode_long_block_keys keys or more (decode_long_ring_fit), which
-// keeps at most four stages.
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, bool Long = false>
+// `Ring`, where it is not 0: a second build of the kernel that keeps at most that many stages,
+// decode_long_ring for long blocks (decode_long_ring_fit) or decode_short_ring for devices with
+// less shared memory a block (decode_short_ring_fit).
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, int Ring = 0>
 constexpr int decode_stages() {
   constexpr int ring = stage_layout<K, V, D, NT, KT>::stages;
-  if constexpr (Long) {
-    return ring > 4 ? 4 : ring;
+  if constexpr (Ring > 0) {
+    return ring > Ring ? Ring : ring;
   }
   constexpr bool int4_one_tile =
       KT == 1 && D == 128 && NT == 1 && frag<K, D>::bits == 4 && frag<V, D>::bits == 4;
   return (W != decode_warps || int4_one_tile) && ring > 3 ? 3 : ring;
 }
 
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, bool Long = false>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, int Ring = 0>
 constexpr int decode_smem_bytes() {
   using sl = stage_layout<K, V, D, NT, KT>;
-  constexpr int pipeline = W * decode_stages<K, V, D, NT, KT, W, Long>() * sl::bytes;
+  constexpr int pipeline = W * decode_stages<K, V, D, NT, KT, W, Ring>() * sl::bytes;
   // The warps' states for the block's merge.
   constexpr int merge = W * NT * 8 * (D + 2) * 4;
   return pipeline > merge ? pipeline : merge;
@@ -823,9 +829,9 @@ constexpr int decode_smem_bytes() {
 // to it (float4 each: every output of the group goes to one block, its owner) and their
 // log2-sum-exps. Sized for the largest group of the kernel and the most splits a cluster holds:
 // a block owns at most ceil(outputs / splits) of them from each split.
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, bool Long = false>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, int Ring = 0>
 constexpr int decode_mailbox_offset() {
-  return (decode_smem_bytes<K, V, D, NT, KT, W, Long>() + 127) / 128 * 128;
+  return (decode_smem_bytes<K, V, D, NT, KT, W, Ring>() + 127) / 128 * 128;
 }
 // Bytes one split sends an owner per output: the float4 and its log2-sum-exp.
 inline constexpr int decode_mailbox_entry_bytes = 4 * 4 + 4;
@@ -835,9 +841,9 @@ constexpr int decode_mailbox_bytes() {
   return 16 + ((outputs + decode_plan::max_cluster_splits - 1) * decode_mailbox_entry_bytes + 15) /
                   16 * 16;
 }
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, bool Long = false>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, int Ring = 0>
 constexpr int decode_cluster_smem_bytes() {
-  return decode_mailbox_offset<K, V, D, NT, KT, W, Long>() + decode_mailbox_bytes<D, NT>();
+  return decode_mailbox_offset<K, V, D, NT, KT, W, Ring>() + decode_mailbox_bytes<D, NT>();
 }
 
 // Whether the two-tile kernel serves these codecs and shapes: fp8, int8 and int4 caches (K and V
@@ -853,12 +859,12 @@ constexpr bool decode_two_tiles_fit() {
 }
 
 // Whether the launcher runs long blocks (decode_long_block_keys) on a second build of the two-tile
-// kernel that keeps at most four stages (decode_stages' `Long`): an int4 cache, or an 8-bit one
-// without per-token scales (fp8), at head dim 128, where the kernel otherwise keeps eight stages
-// (int4) or six (fp8). A warp of such a block takes 32 tiles or more, and with four stages each
-// step waits for its own two tiles' copies with none of the next step's in flight; with eight, a
-// short block's warps have all their tiles in flight from the prologue. H200, this build against
-// the single one in one call, three rounds, best of each:
+// kernel that keeps at most four stages (decode_stages' `Ring`, decode_long_ring): an int4 cache,
+// or an 8-bit one without per-token scales (fp8), at head dim 128, where the kernel otherwise keeps
+// eight stages (int4) or six (fp8). A warp of such a block takes 32 tiles or more, and with four
+// stages each step waits for its own two tiles' copies with none of the next step's in flight; with
+// eight, a short block's warps have all their tiles in flight from the prologue. H200, this build
+// against the single one in one call, three rounds, best of each:
 // - int4 g32, blocks of 2048 keys: 4.5-5.8% faster at B=32, L=2048 (whole sequences, NHD and HND
 //   pages; NHD g4 31.44 to 29.65 us) and 1.3-4.1% at B=8, L=8192 (four splits, NHD pages),
 //   9.3-9.6% at B=32, L=2048 with pages of one token. Four stages for every block were tried
@@ -872,7 +878,7 @@ template <class K, class V, int D, int NT>
 constexpr bool decode_long_ring_fit() {
   return decode_two_tiles_fit<K, V, D, NT>() && D == 128 &&
          (frag<K, D>::bits == 4 || (!frag<K, D>::per_token && !frag<V, D>::per_token)) &&
-         stage_layout<K, V, D, NT, 2>::stages > 4;
+         stage_layout<K, V, D, NT, 2>::stages > decode_long_ring;
 }
 // Keys a block takes from which decode_long_ring_fit's caches run the four-stage build.
 template <class K>
@@ -883,13 +889,33 @@ inline constexpr std::int32_t decode_long_block_keys = frag<K, 128>::bits == 4 ?
 // 0.5% either way), where splits of 1024 paired to 2048 gained 1-3% over the six-stage build.
 inline constexpr std::int32_t decode_paired_block_keys = decode_plan::two_tiles_min_keys;
 
+// Whether the one-tile kernel of four-warp blocks has a second build of decode_short_ring stages,
+// which the launcher runs on a device that lets a block opt in to less shared memory than the
+// kernel's own ring takes: where that ring takes more than 99 KB (the least any device of compute
+// capability 8.0 or later allows a block) and two stages take less. Those are the 16-bit caches at
+// head dim 256: three stages, 192 KB a block, where an A100 allows 163 KB; two take 128 KB. (With
+// 99 KB a block, as on devices of compute capability 8.6 and 8.9, neither fits, and the launch
+// returns the error of raising the kernel's shared-memory limit.)
+template <class K, class V, int D, int NT>
+constexpr bool decode_short_ring_fit() {
+  return decode_smem_bytes<K, V, D, NT>() > 99 * 1024 &&
+         decode_smem_bytes<K, V, D, NT, 1, decode_warps, decode_short_ring>() <
+             decode_smem_bytes<K, V, D, NT>();
+}
+// Whether the launcher runs the short-ring build on a device that lets a block opt in to
+// `smem_optin` bytes of shared memory.
+template <class K, class V, int D, int NT>
+constexpr bool decode_takes_short_ring(std::int32_t smem_optin) {
+  return decode_short_ring_fit<K, V, D, NT>() && decode_smem_bytes<K, V, D, NT>() > smem_optin;
+}
+
 // Blocks per multiprocessor that a kernel's grids are cut for and its registers are held to:
 // stage_layout's for blocks of decode_warps warps, one for the wide blocks (small grids).
 template <class K, class V, int D, int NT, int KT, int W>
 inline constexpr int decode_planned_blocks =
     W == decode_warps ? stage_layout<K, V, D, NT, KT>::blocks_per_sm : 1;
 
-template <class Layout, class T, int D, int NT, int KT, int W, bool Long>
+template <class Layout, class T, int D, int NT, int KT, int W, int Ring>
 __global__ void __launch_bounds__(
     W * 32, decode_planned_blocks<typename Layout::k_codec, typename Layout::v_codec, D, NT, KT, W>)
     paged_decode_kernel(const decode_params<Layout, T> p) {
@@ -900,7 +926,7 @@ __global__ void __launch_bounds__(
   using sl = stage_layout<K, V, D, NT, KT>;
   using kmma = typename kf::mma_t;
   using vmma = typename vf::mma_t;
-  constexpr int stages = decode_stages<K, V, D, NT, KT, W, Long>();
+  constexpr int stages = decode_stages<K, V, D, NT, KT, W, Ring>();
   constexpr int ksteps = D / 16;
   constexpr float log2e = 1.4426950408889634F;
   // The stages start on a 128-byte boundary. A 16-byte static flag once sat before them, which
@@ -927,7 +953,7 @@ __global__ void __launch_bounds__(
   // earlier memory operations, on the chain to the first tiles). Blocks whose splits do merge in
   // the cluster wait on it once the prologue's copies are in flight; the others never read it.
   std::uint64_t* const mailbox = reinterpret_cast<std::uint64_t*>(
-      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT, W, Long>());
+      reinterpret_cast<char*>(smem_raw) + decode_mailbox_offset<K, V, D, NT, KT, W, Ring>());
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {
     if (threadIdx.x == 0) {
@@ -1787,7 +1813,7 @@ __global__ void __launch_bounds__(
   const int outputs = p.group * quads;
   const int per_owner = (outputs + nsplit - 1) / nsplit; // outputs a block owns (the last fewer)
   float* const box_o = reinterpret_cast<float*>(mailbox + 2); // [split][per_owner] float4
-  float* const box_lse = box_o + 4 * nsplit * per_owner;      // [split][per_owner]
+  [[maybe_unused]] float* const box_lse = box_o + 4 * nsplit * per_owner; // [split][per_owner]
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
@@ -1933,7 +1959,7 @@ __global__ void __launch_bounds__(
   // splits there are. Meanwhile one warp per head turns the splits' log-sum-exps into weights
   // exp2(lse - max) there; then each thread sums the weighted partials of its outputs. The first
   // 128 bytes hold the arrival flag, which other threads may still be reading.
-  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT, KT, W, Long>();
+  constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
   constexpr int threads = W * 32;
   constexpr int max_outputs = (16 * quads + threads - 1) / threads;
   static_assert(128 + (16 * decode_plan::max_splits_limit + 16) * 4 + 16 * D * 4 <= smem_bytes,
@@ -2092,7 +2118,7 @@ inline cudaError_t decode_device(int& device, std::int32_t& sms) {
 }
 
 // The shared memory a block of `device` may opt in to (0 past the first 64 devices or where the
-// query fails, which rules out the wide blocks).
+// query fails, which rules out the wide blocks and takes the short ring where one exists).
 inline std::int32_t decode_smem_optin(int device) {
   std::int32_t bytes = 0;
   if (decode_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device, bytes) !=
@@ -2165,7 +2191,7 @@ std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_pl
 
 // One launch of the kernel taking KT tiles a step with blocks of W warps on `device`, which has
 // `sms` multiprocessors, for a grid of `blocks` (decode_grid_blocks).
-template <class Layout, class T, int D, int NT, int KT, int W = decode_warps, bool Long = false>
+template <class Layout, class T, int D, int NT, int KT, int W = decode_warps, int Ring = 0>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream, int device, std::int32_t sms, std::int64_t blocks) {
   using K = typename Layout::k_codec;
@@ -2201,9 +2227,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     p.part_lse = reinterpret_cast<float*>(ws + plan.counter_bytes());
     p.part_o = reinterpret_cast<float*>(ws + plan.partial_outputs_offset());
   }
-  constexpr int smem_need = decode_smem_bytes<K, V, D, NT, KT, W, Long>();
-  constexpr int cluster_need = decode_cluster_smem_bytes<K, V, D, NT, KT, W, Long>();
-  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W, Long>;
+  constexpr int smem_need = decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
+  constexpr int cluster_need = decode_cluster_smem_bytes<K, V, D, NT, KT, W, Ring>();
+  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W, Ring>;
   // The shared-memory limit is raised once per device (a host call per launch would cost more
   // than a small decode takes on the GPU).
   static std::atomic<std::uint64_t> raised{0};
@@ -2395,14 +2421,20 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 // with 8 KV heads: 0.1-0.9% faster at L=2048, 0.7-2.6% from L=8192, in NHD and HND pages, where
 // grids of more blocks or of split sequences were 2-11% slower with it), and an fp8 plan's one
 // wave of four blocks per SM of split sequences whose splits taken two at a time make long blocks
-// in one wave of two (below). Every other launch runs the one-tile kernel.
+// in one wave of two (below). Every other launch runs the one-tile kernel, on its
+// decode_short_ring build where that exists and the device lets a block opt in to less shared
+// memory than the kernel's own ring takes. `smem_optin`: the shared memory a block may opt in to,
+// the device's where it is negative (the tests pass an A100's to run what one would).
 template <class Layout, class T, int D, int NT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, std::int32_t smem_optin = -1) {
   int device = 0;
   std::int32_t sms = 0;
   if (const cudaError_t e = decode_device(device, sms); e != cudaSuccess) {
     return e;
+  }
+  if (smem_optin < 0) {
+    smem_optin = decode_smem_optin(device);
   }
   const std::int64_t blocks = decode_grid_blocks(a, plan);
   const bool small_grid = blocks <= sms;
@@ -2417,8 +2449,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                                std::int32_t long_keys = decode_long_block_keys<K>) {
       if constexpr (long_ring) {
         if (p.chunk_tokens >= long_keys) {
-          return launch_decode<Layout, T, D, NT, 2, decode_warps, true>(a, p, workspace, stream,
-                                                                        device, sms, n);
+          return launch_decode<Layout, T, D, NT, 2, decode_warps, decode_long_ring>(
+              a, p, workspace, stream, device, sms, n);
         }
       }
       return launch_decode<Layout, T, D, NT, 2>(a, p, workspace, stream, device, sms, n);
@@ -2464,10 +2496,15 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   }
   if constexpr (decode_wide_fit<K, V, D, NT>()) {
     if (small_grid && plan.chunk_tokens >= 2 * decode_wide_warps * 16 &&
-        decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <=
-            decode_smem_optin(device)) {
+        decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <= smem_optin) {
       return launch_decode<Layout, T, D, NT, 1, decode_wide_warps>(a, plan, workspace, stream,
                                                                    device, sms, blocks);
+    }
+  }
+  if constexpr (decode_short_ring_fit<K, V, D, NT>()) {
+    if (decode_takes_short_ring<K, V, D, NT>(smem_optin)) {
+      return launch_decode<Layout, T, D, NT, 1, decode_warps, decode_short_ring>(
+          a, plan, workspace, stream, device, sms, blocks);
     }
   }
   return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, sms, blocks);

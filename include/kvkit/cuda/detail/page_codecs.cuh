@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -210,6 +211,7 @@ __device__ inline bool decode8(const code_chunk<C>& c, const chunk_params& p, fl
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const auto pair = static_cast<std::uint16_t>(w[i] >> (16 * h));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
         std::uint32_t halves;
         if constexpr (e4m3) {
           asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
@@ -217,6 +219,10 @@ __device__ inline bool decode8(const code_chunk<C>& c, const chunk_params& p, fl
           asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(halves) : "h"(pair));
         }
         const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves));
+#else // no paired conversion instruction before compute capability 8.9: CUDA's exact one
+        const __half2 f16 = __nv_cvt_fp8x2_to_halfraw2(pair, e4m3 ? __NV_E4M3 : __NV_E5M2);
+        const float2 f = __half22float2(f16);
+#endif
         x[4 * i + 2 * h] = __fmul_rn(f.x, p.scale);
         x[4 * i + 2 * h + 1] = __fmul_rn(f.y, p.scale);
       }
@@ -274,6 +280,7 @@ __device__ inline code_chunk<C> encode8(const float (&x)[8], float inv) {
       const float b = __fmul_rn(x[4 * i + 1], inv);
       const float c = __fmul_rn(x[4 * i + 2], inv);
       const float d = __fmul_rn(x[4 * i + 3], inv);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
       if constexpr (e4m3) {
         asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
         asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
@@ -281,6 +288,11 @@ __device__ inline code_chunk<C> encode8(const float (&x)[8], float inv) {
         asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
         asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
       }
+#else // CUDA's conversion of the same rounding and saturation (the first value in the low byte)
+      constexpr __nv_fp8_interpretation_t kind = e4m3 ? __NV_E4M3 : __NV_E5M2;
+      lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kind);
+      hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kind);
+#endif
       std::uint32_t v = static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
       // Saturation keeps every non-NaN result off the exponent-all-ones codes, so those are the
       // NaNs: make each 0x7F, the scalar code's NaN.
