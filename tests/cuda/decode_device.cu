@@ -190,24 +190,6 @@ __global__ void copy_late(const std::uint16_t* src, std::uint16_t* dst, std::siz
   }
 }
 
-// paged_decode_dim<HeadDim>, with the launcher told that a block may opt in to `smem_optin`
-// bytes of shared memory where that is not negative.
-template <int HeadDim, class Layout, class T>
-cudaError_t launch_step(const kvkit::cuda::decode_args<Layout, T>& a,
-                        const kvkit::decode_plan& plan, void* workspace,
-                        std::size_t workspace_bytes, cudaStream_t stream, std::int32_t smem_optin) {
-  if (smem_optin < 0) {
-    return kvkit::cuda::paged_decode_dim<HeadDim>(a, plan, workspace, workspace_bytes, stream);
-  }
-  if (!kvkit::cuda::validate(a, plan, workspace, workspace_bytes).ok() ||
-      plan.shape.head_dim != HeadDim) {
-    return cudaErrorInvalidValue;
-  }
-  return plan.shape.group_size() > 8
-             ? kd::launch_decode<Layout, T, HeadDim, 2>(a, plan, workspace, stream, smem_optin)
-             : kd::launch_decode<Layout, T, HeadDim, 1>(a, plan, workspace, stream, smem_optin);
-}
-
 } // namespace
 
 template <int HeadDim, class Layout, class T>
@@ -350,7 +332,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
           cudaGraph_t graph = nullptr;
           KVKIT_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
           const cudaError_t launch =
-              launch_step<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin);
+              kd::decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin);
           KVKIT_TRY(cudaStreamEndCapture(stream, &graph));
           KVKIT_TRY(launch);
           const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
@@ -371,7 +353,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
               d_last_ids, static_cast<std::int32_t>(last_ids.size()), page_bytes / 16);
           KVKIT_TRY(cudaGetLastError());
         }
-        KVKIT_TRY(launch_step<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin));
+        KVKIT_TRY(kd::decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin));
       }
     }
     KVKIT_TRY(cudaStreamSynchronize(stream));

@@ -2427,15 +2427,16 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 // the device's where it is negative (the tests pass an A100's to run what one would).
 template <class Layout, class T, int D, int NT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
-                          cudaStream_t stream, std::int32_t smem_optin = -1) {
+                          cudaStream_t stream, std::int32_t smem_optin) {
   int device = 0;
   std::int32_t sms = 0;
   if (const cudaError_t e = decode_device(device, sms); e != cudaSuccess) {
     return e;
   }
-  if (smem_optin < 0) {
-    smem_optin = decode_smem_optin(device);
-  }
+  // Asked only on the paths that depend on it.
+  [[maybe_unused]] const auto optin = [&] {
+    return smem_optin < 0 ? decode_smem_optin(device) : smem_optin;
+  };
   const std::int64_t blocks = decode_grid_blocks(a, plan);
   const bool small_grid = blocks <= sms;
   using K = typename Layout::k_codec;
@@ -2496,18 +2497,31 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   }
   if constexpr (decode_wide_fit<K, V, D, NT>()) {
     if (small_grid && plan.chunk_tokens >= 2 * decode_wide_warps * 16 &&
-        decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <= smem_optin) {
+        decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <= optin()) {
       return launch_decode<Layout, T, D, NT, 1, decode_wide_warps>(a, plan, workspace, stream,
                                                                    device, sms, blocks);
     }
   }
   if constexpr (decode_short_ring_fit<K, V, D, NT>()) {
-    if (decode_takes_short_ring<K, V, D, NT>(smem_optin)) {
+    if (decode_takes_short_ring<K, V, D, NT>(optin())) {
       return launch_decode<Layout, T, D, NT, 1, decode_warps, decode_short_ring>(
           a, plan, workspace, stream, device, sms, blocks);
     }
   }
   return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, sms, blocks);
+}
+
+// paged_decode_dim, with the shared memory a block may opt in to as the launcher sees it
+// (`smem_optin`, negative: the device's).
+template <int HeadDim, class Layout, class T>
+cudaError_t decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream, std::int32_t smem_optin) {
+  if (!validate(a, plan, workspace, workspace_bytes).ok() || plan.shape.head_dim != HeadDim) {
+    return cudaErrorInvalidValue;
+  }
+  return plan.shape.group_size() > 8
+             ? launch_decode<Layout, T, HeadDim, 2>(a, plan, workspace, stream, smem_optin)
+             : launch_decode<Layout, T, HeadDim, 1>(a, plan, workspace, stream, smem_optin);
 }
 
 } // namespace detail
@@ -2518,12 +2532,7 @@ template <int HeadDim, class Layout, query_element T>
 requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaError_t
     paged_decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                      std::size_t workspace_bytes, cudaStream_t stream) {
-  if (!validate(a, plan, workspace, workspace_bytes).ok() || plan.shape.head_dim != HeadDim) {
-    return cudaErrorInvalidValue;
-  }
-  return plan.shape.group_size() > 8
-             ? detail::launch_decode<Layout, T, HeadDim, 2>(a, plan, workspace, stream)
-             : detail::launch_decode<Layout, T, HeadDim, 1>(a, plan, workspace, stream);
+  return detail::decode_dim<HeadDim>(a, plan, workspace, workspace_bytes, stream, -1);
 }
 
 //! Decode attention: for each sequence b of `a.table`, its query q[b] (all query heads) attends
