@@ -384,12 +384,12 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   int clusters = 0;
   KVKIT_TRY(cudaGetDevice(&device));
   KVKIT_TRY(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
-  // As the launcher decides: kernels built for compute capability 9 or later (a build for an older
-  // one, even run here through its PTX, merges through the workspace).
+  // As the launcher decides: a build for an older compute capability, even run here through its
+  // PTX, merges through the workspace.
   cudaFuncAttributes built{};
   KVKIT_TRY(cudaFuncGetAttributes(
       &built, kd::paged_decode_kernel<Layout, T, HeadDim, 1, 1, kd::decode_warps, 0>));
-  out.cluster_device = clusters != 0 && built.ptxVersion >= 90 && built.binaryVersion >= 90;
+  out.cluster_device = clusters != 0 && kd::decode_built_for_clusters(built);
   return out;
 }
 

@@ -2183,6 +2183,13 @@ constexpr bool decode_wide_fit() {
          decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <= 227 * 1024;
 }
 
+// Whether a kernel with these attributes was built for compute capability 9 or later, which its
+// cluster merge and dependent launches need: code built for an older one, even run on a newer
+// device through its PTX, has neither.
+inline bool decode_built_for_clusters(const cudaFuncAttributes& attributes) {
+  return attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90;
+}
+
 // Thread blocks of a launch's grid: (split, KV head, sequence).
 template <class Layout, class T>
 std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_plan& plan) {
@@ -2253,8 +2260,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       }
     }
     // The cluster merge needs a device that launches clusters and a kernel built for
-    // compute capability 9 or later (code built for an older one, even run on a newer device
-    // through its PTX, has no cluster merge).
+    // compute capability 9 or later (decode_built_for_clusters).
     int cluster_launch = 0;
     if (const cudaError_t e =
             cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);
@@ -2265,7 +2271,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     if (const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel); e != cudaSuccess) {
       return e;
     }
-    if (cluster_launch != 0 && attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90) {
+    if (cluster_launch != 0 && decode_built_for_clusters(attributes)) {
       clusters.fetch_or(bit, std::memory_order_acq_rel);
     }
     raised.fetch_or(bit, std::memory_order_acq_rel);
