@@ -71,6 +71,25 @@ static_assert(kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 
 static_assert(!kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(227 *
                                                                                          1024));
 static_assert(!kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 128, 1>(0));
+// The narrow build (decode_narrow_fit): the same caches, two warps of three stages, 96 KB, for
+// devices that allow 99 KB a block, where the short ring's 128 KB do not fit; the launcher takes
+// it there and where the device's limit is unknown (0), the short ring at an A100's 163 KB, and
+// neither at Hopper's 227 KB.
+static_assert(kd::decode_narrow_fit<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>());
+static_assert(kd::decode_narrow_fit<kvkit::fp16_codec, kvkit::fp16_codec, 256, 2>());
+static_assert(kd::decode_smem_bytes<kvkit::bf16_codec, kvkit::bf16_codec, 256, 2, 1,
+                                    kd::decode_narrow_warps>() == 96 * 1024);
+static_assert(
+    kd::decode_stages<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1, 1, kd::decode_narrow_warps>() ==
+    3);
+static_assert(!kd::decode_narrow_fit<kvkit::bf16_codec, kvkit::bf16_codec, 128, 1>());
+static_assert(!kd::decode_narrow_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 256, 1>());
+static_assert(!kd::decode_narrow_fit<kvkit::int8_codec, kvkit::bf16_codec, 256, 2>());
+static_assert(!kd::decode_narrow_fit<int4_g32, int4_g32, 256, 1>());
+static_assert(kd::decode_takes_narrow<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(99 * 1024));
+static_assert(kd::decode_takes_narrow<kvkit::bf16_codec, kvkit::bf16_codec, 256, 2>(0));
+static_assert(!kd::decode_takes_narrow<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(163 * 1024));
+static_assert(!kd::decode_takes_narrow<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(227 * 1024));
 static_assert(
     kd::decode_stages<int4_g32, int4_g32, 128, 1, 2, kd::decode_warps, kd::decode_long_ring>() ==
     4);
@@ -560,7 +579,7 @@ void check_residency(const std::string& what, int device, std::vector<std::strin
     ok = ok &&
          kd::decode_held_smem(kernel, W * 32, planned, need, limit, device, smem) == cudaSuccess;
   } else {
-    smem = need; // the wide kernel's small grids are not held (launch_decode)
+    smem = need; // the wide and narrow kernels are not held (launch_decode)
   }
   ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                  &held, kernel, W * 32, static_cast<std::size_t>(smem)) == cudaSuccess;
@@ -596,6 +615,12 @@ void check_residency_all(const std::string& what, int device, std::vector<std::s
   if constexpr (kd::decode_short_ring_fit<K, V, D, 2>()) {
     check_residency<Layout, T, D, 2, 1, kd::decode_warps, kd::decode_short_ring>(what, device,
                                                                                  failed);
+  }
+  if constexpr (kd::decode_narrow_fit<K, V, D, 1>()) {
+    check_residency<Layout, T, D, 1, 1, kd::decode_narrow_warps, 0>(what, device, failed);
+  }
+  if constexpr (kd::decode_narrow_fit<K, V, D, 2>()) {
+    check_residency<Layout, T, D, 2, 1, kd::decode_narrow_warps, 0>(what, device, failed);
   }
   if constexpr (kd::decode_wide_fit<K, V, D, 1>()) {
     check_residency<Layout, T, D, 1, 1, kd::decode_wide_warps, 0>(what, device, failed);

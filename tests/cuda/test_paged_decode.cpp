@@ -317,6 +317,27 @@ TEST_CASE("paged_decode bf16: head dims 64 and 256, one KV head (MQA)", "[cuda][
   check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
       paged_layout<kvkit::bf16_codec>(16, 1, 256), 8, {3000, 5}, seed + 199, {}, 1, true,
       a100_smem_optin);
+  // As a device of compute capability 8.6, 8.9 or 12.x would run them, which lets a block opt in
+  // to 99 KB, less than the two stages' 128 KB: the launcher takes the narrow build (two warps of
+  // three stages, 96 KB: decode_narrow_fit). Split (merged in clusters where the device has them,
+  // as the H200 does, or through the workspace: the many splits of a plan for 4096
+  // multiprocessors) and whole (94 tiles a warp around its three stages, and a sequence of one
+  // key, which leaves the second warp without a tile).
+  constexpr std::int32_t small_smem_optin = 99 * 1024;
+  for (const std::int32_t group : {1, 8, 16}) {
+    for (const std::int32_t sms : {1, 132, 4096}) {
+      check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+          paged_layout<kvkit::bf16_codec>(16, 1, 256), group, {5, 700, 2, 3000, 1},
+          seed + 250 + group + sms, {}, sms, true, small_smem_optin);
+    }
+  }
+  // With a window, a soft cap and pages of one token, at two KV heads.
+  kvkit::attention_options options;
+  options.window = 1500;
+  options.logits_soft_cap = 30.0F;
+  check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+      paged_layout<kvkit::bf16_codec>(1, 2, 256), 4, {2000, 33, 1600}, seed + 299, options, 132,
+      true, small_smem_optin);
 }
 
 TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {

@@ -785,8 +785,9 @@ inline constexpr int decode_long_ring = 4;
 inline constexpr int decode_short_ring = 2;
 
 // Pipeline stages a warp keeps: stage_layout's, but at most three in the one-tile kernels of an
-// int4 cache at head dim 128 with groups up to 8 (stage_layout gives five) and in every wide
-// kernel (int4, blocks of more than decode_warps warps on a grid of at most one block per SM). The
+// int4 cache at head dim 128 with groups up to 8 (stage_layout gives five) and in every kernel of
+// other than decode_warps warps: the wide kernel (int4, blocks of more warps on a grid of at most
+// one block per SM) and the narrow build (decode_narrow_fit, which has three anyway). The
 // prologue, which reads the page ids and sets up the copies of every stage, is then shorter (the
 // wide kernel's by 421 sm_90a instructions at head dim 128), and 16 warps an SM of three stages
 // (eight in the wide kernel) still keep 60-120 KB an SM in flight; two stages would leave too
@@ -889,16 +890,19 @@ inline constexpr std::int32_t decode_long_block_keys = frag<K, 128>::bits == 4 ?
 // 0.5% either way), where splits of 1024 paired to 2048 gained 1-3% over the six-stage build.
 inline constexpr std::int32_t decode_paired_block_keys = decode_plan::two_tiles_min_keys;
 
+// The least shared memory any device of compute capability 8.0 or later lets a block opt in to:
+// 99 KB (8.6, 8.9 and 12.x; 8.0 allows 163 KB, 9.0 and 10.0 227 KB).
+inline constexpr std::int32_t decode_least_smem_optin = 99 * 1024;
+
 // Whether the one-tile kernel of four-warp blocks has a second build of decode_short_ring stages,
 // which the launcher runs on a device that lets a block opt in to less shared memory than the
-// kernel's own ring takes: where that ring takes more than 99 KB (the least any device of compute
-// capability 8.0 or later allows a block) and two stages take less. Those are the 16-bit caches at
-// head dim 256: three stages, 192 KB a block, where an A100 allows 163 KB; two take 128 KB. (With
-// 99 KB a block, as on devices of compute capability 8.6 and 8.9, neither fits, and the launch
-// returns the error of raising the kernel's shared-memory limit.)
+// kernel's own ring takes: where that ring takes more than decode_least_smem_optin and two stages
+// take less. Those are the 16-bit caches at head dim 256: three stages, 192 KB a block, where an
+// A100 allows 163 KB; two take 128 KB. Where that is still too much, the narrow build runs
+// (decode_narrow_fit).
 template <class K, class V, int D, int NT>
 constexpr bool decode_short_ring_fit() {
-  return decode_smem_bytes<K, V, D, NT>() > 99 * 1024 &&
+  return decode_smem_bytes<K, V, D, NT>() > decode_least_smem_optin &&
          decode_smem_bytes<K, V, D, NT, 1, decode_warps, decode_short_ring>() <
              decode_smem_bytes<K, V, D, NT>();
 }
@@ -909,8 +913,34 @@ constexpr bool decode_takes_short_ring(std::int32_t smem_optin) {
   return decode_short_ring_fit<K, V, D, NT>() && decode_smem_bytes<K, V, D, NT>() > smem_optin;
 }
 
+// Warps in a block of the narrow build of the one-tile kernel: two, each with the kernel's own
+// stages (three at most: decode_stages), for the caches whose short ring still takes more shared
+// memory than decode_least_smem_optin. Those are the 16-bit caches at head dim 256: two warps of
+// three 16 KB stages take 96 KB a block, where devices of compute capability 8.6, 8.9 and 12.x
+// allow 99 KB (L4, L40S, A10, RTX 3090 to 5090). Such a device holds one block an SM, as the plan
+// cuts these grids for (decode_blocks_per_sm), and its bandwidth an SM is a third of the H200's or
+// less, which two warps with two 16 KB tiles each in flight (64 KB an SM) are meant to keep busy
+// (not measured: no such device has run it).
+inline constexpr int decode_narrow_warps = 2;
+template <class K, class V, int D, int NT>
+constexpr bool decode_narrow_fit() {
+  return decode_short_ring_fit<K, V, D, NT>() &&
+         decode_smem_bytes<K, V, D, NT, 1, decode_warps, decode_short_ring>() >
+             decode_least_smem_optin &&
+         decode_smem_bytes<K, V, D, NT, 1, decode_narrow_warps>() <= decode_least_smem_optin;
+}
+// Whether the launcher runs the narrow build on a device that lets a block opt in to
+// `smem_optin` bytes of shared memory (0 where the device's limit is unknown: the build that
+// fits every device).
+template <class K, class V, int D, int NT>
+constexpr bool decode_takes_narrow(std::int32_t smem_optin) {
+  return decode_narrow_fit<K, V, D, NT>() &&
+         decode_smem_bytes<K, V, D, NT, 1, decode_warps, decode_short_ring>() > smem_optin;
+}
+
 // Blocks per multiprocessor that a kernel's grids are cut for and its registers are held to:
-// stage_layout's for blocks of decode_warps warps, one for the wide blocks (small grids).
+// stage_layout's for blocks of decode_warps warps, one for the wide blocks (small grids) and the
+// narrow ones (devices that hold one such block an SM).
 template <class K, class V, int D, int NT, int KT, int W>
 inline constexpr int decode_planned_blocks =
     W == decode_warps ? stage_layout<K, V, D, NT, KT>::blocks_per_sm : 1;
@@ -2118,7 +2148,7 @@ inline cudaError_t decode_device(int& device, std::int32_t& sms) {
 }
 
 // The shared memory a block of `device` may opt in to (0 past the first 64 devices or where the
-// query fails, which rules out the wide blocks and takes the short ring where one exists).
+// query fails, which rules out the wide blocks and takes the narrow build where one exists).
 inline std::int32_t decode_smem_optin(int device) {
   std::int32_t bytes = 0;
   if (decode_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device, bytes) !=
@@ -2429,8 +2459,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 // wave of four blocks per SM of split sequences whose splits taken two at a time make long blocks
 // in one wave of two (below). Every other launch runs the one-tile kernel, on its
 // decode_short_ring build where that exists and the device lets a block opt in to less shared
-// memory than the kernel's own ring takes. `smem_optin`: the shared memory a block may opt in to,
-// the device's where it is negative (the tests pass an A100's to run what one would).
+// memory than the kernel's own ring takes, or on its narrow build (decode_narrow_fit) where the
+// device allows less than the short ring takes. `smem_optin`: the shared memory a block may opt in
+// to, the device's where it is negative (the tests pass an A100's and others' to run what those
+// would).
 template <class Layout, class T, int D, int NT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream, std::int32_t smem_optin) {
@@ -2506,6 +2538,12 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
         decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <= optin()) {
       return launch_decode<Layout, T, D, NT, 1, decode_wide_warps>(a, plan, workspace, stream,
                                                                    device, sms, blocks);
+    }
+  }
+  if constexpr (decode_narrow_fit<K, V, D, NT>()) {
+    if (decode_takes_narrow<K, V, D, NT>(optin())) {
+      return launch_decode<Layout, T, D, NT, 1, decode_narrow_warps>(a, plan, workspace, stream,
+                                                                     device, sms, blocks);
     }
   }
   if constexpr (decode_short_ring_fit<K, V, D, NT>()) {

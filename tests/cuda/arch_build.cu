@@ -1,9 +1,12 @@
-// A build of kvkit's kernels for compute capability 8.0 (A100), compiled with warnings as errors
-// and never run: the code paths for devices before compute capability 9 (no thread block clusters,
-// no dependent launches, fp8 converted without the paired instruction) must keep compiling. It
-// takes the decode kernels of every kind the launcher has: the one-tile, two-tile and wide
-// kernels, the four-stage build for long blocks, and the two-stage build of the 16-bit caches at
-// head dim 256, which is the one an A100 runs (decode_short_ring_fit); and the page kernels.
+// A build of kvkit's kernels for devices other than Hopper, compiled with warnings as errors and
+// never run: compute capability 8.0 (A100), 8.9 (L4, L40S, RTX 4090) and, where nvcc has them,
+// 10.0 (B200) and 12.0 (RTX 5090). Their code paths must keep compiling: before compute capability
+// 9 no thread block clusters and no dependent launches, and before 8.9 fp8 converted without the
+// paired instruction. It takes the decode kernels of every kind the launcher has: the one-tile,
+// two-tile and wide kernels, the four-stage build for long blocks, and the two builds of the
+// 16-bit caches at head dim 256 for devices with less shared memory a block than Hopper (the
+// two-stage build an A100 runs, decode_short_ring_fit, and the narrow one that devices of
+// compute capability 8.6, 8.9 and 12.x run, decode_narrow_fit); and the page kernels.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,7 +16,7 @@
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/cuda/write_kv.cuh"
 
-namespace kvkit_sm80 {
+namespace kvkit_arch_build {
 
 using bf16_pages = kvkit::paged_layout<kvkit::bf16_codec>;
 using fp8_pages = kvkit::paged_layout<kvkit::fp8_e4m3_codec>;
@@ -53,4 +56,4 @@ cudaError_t move_pages(const kvkit::cuda::page_copies& c, cudaStream_t stream) {
   return e != cudaSuccess ? e : kvkit::cuda::swap_blocks(c, stream);
 }
 
-} // namespace kvkit_sm80
+} // namespace kvkit_arch_build
