@@ -767,12 +767,19 @@ struct stage_layout {
       KT == 2
           ? 2
           : decode_blocks_per_sm(kf::bits < vf::bits ? kf::bits : vf::bits, D, NT == 1 ? 8 : 16);
-  static constexpr int budget =
-      KT == 2
-          ? 24576
-          : (blocks_per_sm == 1
-                 ? 49152
-                 : (blocks_per_sm == 4 ? 14336 : (kf::bits == 4 || vf::bits == 4 ? 16384 : 24576)));
+  static constexpr int warp_budget() {
+    if (KT == 2) {
+      return 24 * 1024;
+    }
+    if (blocks_per_sm == 1) {
+      return 48 * 1024;
+    }
+    if (blocks_per_sm == 4) {
+      return 14 * 1024;
+    }
+    return kf::bits == 4 || vf::bits == 4 ? 16 * 1024 : 24 * 1024;
+  }
+  static constexpr int budget = warp_budget();
   static constexpr int stages =
       (budget / bytes) < 2 ? 2 : ((budget / bytes) > 8 ? 8 : budget / bytes);
 };
