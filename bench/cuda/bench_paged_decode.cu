@@ -1,5 +1,5 @@
 // paged_decode throughput: Llama-3-8B attention shapes (8 KV heads, head dim 128 unless
-// KVKIT_DECODE_HEAD_DIM says otherwise (below), groups 4 and 8)
+// KVKIT_DECODE_HEAD_DIM says otherwise (below), groups 4 and 8 unless KVKIT_DECODE_GROUPS does)
 // for B in {1, 8, 32, 64, 128} x L in {512, 2048, 8192, 32768}, every codec (bf16, fp8 e4m3 and
 // int4 g32 at every shape and group; fp16, fp8 e5m2, int8, int4 g64 and g128 at group 8, and at
 // group 4 at the sweep's shapes: B=1, L=2048; B=8, L=8192; B=32, L=2048; B=64, L=8192), page
@@ -73,6 +73,28 @@ std::int32_t head_dim() {
     return n == 64 || n == 256 ? n : 128;
   }();
   return dim;
+}
+// GQA groups of the rows: 4 and 8, or KVKIT_DECODE_GROUPS, a comma-separated list of groups from 1
+// to 16 (over 8, the kernels of two query tiles run, with their own shared-memory budgets: an int4
+// cache's four-warp kernel keeps 16 KB a warp there). For the codecs that do not run the full
+// grid, the last group of the list takes every shape and the others only the sweep's shapes (with
+// the defaults: group 8 every shape, group 4 the sweep's).
+const std::vector<int>& groups() {
+  static const std::vector<int> list = [] {
+    std::vector<int> out;
+    if (const char* v = std::getenv("KVKIT_DECODE_GROUPS"); v != nullptr) {
+      std::stringstream in(v);
+      std::string item;
+      while (std::getline(in, item, ',')) {
+        const int g = std::atoi(item.c_str());
+        if (g >= 1 && g <= 16 && std::find(out.begin(), out.end(), g) == out.end()) {
+          out.push_back(g);
+        }
+      }
+    }
+    return out.empty() ? std::vector<int>{4, 8} : out;
+  }();
+  return list;
 }
 constexpr std::int64_t cache_tokens = 128LL * 32768; // the largest shape
 constexpr double rotate_bytes = 512e6;               // keys in flight over all rotations
@@ -444,7 +466,7 @@ void register_row(const std::string& name, F&& run) {
 template <class Layout>
 void register_codec(const std::string& codec, const std::vector<int>& page_sizes, bool full_grid) {
   for (const int page : page_sizes) {
-    for (const int group : {4, 8}) {
+    for (const int group : groups()) {
       for (const int b : {1, 8, 32, 64, 128}) {
         for (const int l : {512, 2048, 8192, 32768}) {
           const bool sweep_shape = (b == 8 && l == 8192) || (b == 32 && l == 2048) ||
@@ -452,7 +474,7 @@ void register_codec(const std::string& codec, const std::vector<int>& page_sizes
           if (page != 16 && !sweep_shape) {
             continue; // other page sizes: the mid, small and one large shape
           }
-          if (!full_grid && page == 16 && group == 4 && !sweep_shape) {
+          if (!full_grid && page == 16 && group != groups().back() && !sweep_shape) {
             continue;
           }
           const std::string name = "paged_decode/" + codec + "/B" + std::to_string(b) + "/L" +

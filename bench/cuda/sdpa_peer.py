@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The peer of the paged_decode benchmark: PyTorch's scaled_dot_product_attention on contiguous
-bf16 KV of the same shapes (one query token, 8 KV heads, head dim 128, GQA groups 4 and 8), timed
-as a back-to-back loop between CUDA events (median of 7 loops), rotating over several KV copies
-for small shapes so no call finds its keys in L2. Writes "B,L,group,seconds,backend" lines.
+bf16 KV of the same shapes (one query token, 8 KV heads, head dim 128, GQA groups 4 and 8, or
+those of KVKIT_DECODE_GROUPS as the benchmark reads it), timed as a back-to-back loop between CUDA
+events (median of 7 loops), rotating over several KV copies for small shapes so no call finds its
+keys in L2. Writes "B,L,group,seconds,backend" lines.
 
     python3 bench/cuda/sdpa_peer.py OUT.csv
 """
+import os
 import sys
 import warnings
 
@@ -14,6 +16,16 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 KV_HEADS, DIM = 8, 128
+
+
+def groups():
+    """The benchmark's groups: KVKIT_DECODE_GROUPS (comma-separated, 1 to 16), else 4 and 8."""
+    out = []
+    for item in os.environ.get("KVKIT_DECODE_GROUPS", "").split(","):
+        g = int(item) if item.strip().isdigit() else 0
+        if 1 <= g <= 16 and g not in out:
+            out.append(g)
+    return out or [4, 8]
 
 
 def time_calls(fn, calls):
@@ -35,7 +47,7 @@ def time_calls(fn, calls):
 def main(path):
     warnings.filterwarnings("ignore")
     rows = []
-    for group in (4, 8):
+    for group in groups():
         for b in (1, 8, 32, 64, 128):
             for l in (512, 2048, 8192, 32768):
                 kv_bytes = 2 * b * KV_HEADS * l * DIM * 2
