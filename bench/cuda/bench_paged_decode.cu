@@ -76,9 +76,11 @@ std::int32_t head_dim() {
 }
 // GQA groups of the rows: 4 and 8, or KVKIT_DECODE_GROUPS, a comma-separated list of groups from 1
 // to 16 (over 8, the kernels of two query tiles run, with their own shared-memory budgets: an int4
-// cache's four-warp kernel keeps 16 KB a warp there). For the codecs that do not run the full
-// grid, the last group of the list takes every shape and the others only the sweep's shapes (with
-// the defaults: group 8 every shape, group 4 the sweep's).
+// cache's four-warp kernel keeps 16 KB a warp there). An item that is not a number from 1 to 16
+// (ASCII digits, spaces around them allowed) is left out, as sdpa_peer.py leaves it out. For the
+// codecs that do not run the full grid, the largest group takes every shape and the others only
+// the sweep's shapes (with the defaults: group 8 every shape, group 4 the sweep's). The graph rows
+// keep groups 4 and 8.
 const std::vector<int>& groups() {
   static const std::vector<int> list = [] {
     std::vector<int> out;
@@ -86,7 +88,16 @@ const std::vector<int>& groups() {
       std::stringstream in(v);
       std::string item;
       while (std::getline(in, item, ',')) {
-        const int g = std::atoi(item.c_str());
+        const auto first = item.find_first_not_of(' ');
+        const auto last = item.find_last_not_of(' ');
+        const std::string digits =
+            first == std::string::npos ? "" : item.substr(first, last - first + 1);
+        if (digits.empty() || digits.size() > 2 ||
+            !std::all_of(digits.begin(), digits.end(),
+                         [](char c) { return c >= '0' && c <= '9'; })) {
+          continue;
+        }
+        const int g = std::stoi(digits);
         if (g >= 1 && g <= 16 && std::find(out.begin(), out.end(), g) == out.end()) {
           out.push_back(g);
         }
@@ -474,7 +485,8 @@ void register_codec(const std::string& codec, const std::vector<int>& page_sizes
           if (page != 16 && !sweep_shape) {
             continue; // other page sizes: the mid, small and one large shape
           }
-          if (!full_grid && page == 16 && group != groups().back() && !sweep_shape) {
+          if (!full_grid && page == 16 &&
+              group != *std::max_element(groups().begin(), groups().end()) && !sweep_shape) {
             continue;
           }
           const std::string name = "paged_decode/" + codec + "/B" + std::to_string(b) + "/L" +

@@ -8,6 +8,7 @@ keys in L2. Writes "B,L,group,seconds,backend" lines.
     python3 bench/cuda/sdpa_peer.py OUT.csv
 """
 import os
+import re
 import sys
 import warnings
 
@@ -19,10 +20,15 @@ KV_HEADS, DIM = 8, 128
 
 
 def groups():
-    """The benchmark's groups: KVKIT_DECODE_GROUPS (comma-separated, 1 to 16), else 4 and 8."""
+    """The benchmark's groups: KVKIT_DECODE_GROUPS (comma-separated numbers from 1 to 16 in ASCII
+    digits, spaces around them allowed; anything else is left out, as the benchmark leaves it out),
+    else 4 and 8."""
     out = []
     for item in os.environ.get("KVKIT_DECODE_GROUPS", "").split(","):
-        g = int(item) if item.strip().isdigit() else 0
+        digits = item.strip(" ")
+        if not re.fullmatch(r"[0-9]{1,2}", digits):
+            continue
+        g = int(digits)
         if 1 <= g <= 16 and g not in out:
             out.append(g)
     return out or [4, 8]

@@ -65,16 +65,8 @@ static_assert(!kd::decode_short_ring_fit<kvkit::bf16_codec, kvkit::bf16_codec, 1
 static_assert(!kd::decode_short_ring_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 256, 1>());
 static_assert(!kd::decode_short_ring_fit<kvkit::int8_codec, kvkit::int8_codec, 256, 2>());
 static_assert(!kd::decode_short_ring_fit<int4_g32, int4_g32, 256, 1>());
-static_assert(kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(163 *
-                                                                                        1024));
-static_assert(kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 256, 2>(0));
-static_assert(!kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(227 *
-                                                                                         1024));
-static_assert(!kd::decode_takes_short_ring<kvkit::bf16_codec, kvkit::bf16_codec, 128, 1>(0));
 // The narrow build (decode_narrow_fit): the same caches, two warps of three stages, 96 KB, for
-// devices that allow 99 KB a block, where the short ring's 128 KB do not fit; the launcher takes
-// it there and where the device's limit is unknown (0), the short ring at an A100's 163 KB, and
-// neither at Hopper's 227 KB.
+// devices that allow 99 KB a block, where the short ring's 128 KB do not fit.
 static_assert(kd::decode_narrow_fit<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>());
 static_assert(kd::decode_narrow_fit<kvkit::fp16_codec, kvkit::fp16_codec, 256, 2>());
 static_assert(kd::decode_smem_bytes<kvkit::bf16_codec, kvkit::bf16_codec, 256, 2, 1,
@@ -86,10 +78,72 @@ static_assert(!kd::decode_narrow_fit<kvkit::bf16_codec, kvkit::bf16_codec, 128, 
 static_assert(!kd::decode_narrow_fit<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 256, 1>());
 static_assert(!kd::decode_narrow_fit<kvkit::int8_codec, kvkit::bf16_codec, 256, 2>());
 static_assert(!kd::decode_narrow_fit<int4_g32, int4_g32, 256, 1>());
-static_assert(kd::decode_takes_narrow<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(99 * 1024));
-static_assert(kd::decode_takes_narrow<kvkit::bf16_codec, kvkit::bf16_codec, 256, 2>(0));
-static_assert(!kd::decode_takes_narrow<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(163 * 1024));
-static_assert(!kd::decode_takes_narrow<kvkit::bf16_codec, kvkit::bf16_codec, 256, 1>(227 * 1024));
+// The launcher's choice (decode_build_for) for those caches: the narrow build at 99 KB and where
+// the device's limit is unknown (0), the short ring at an A100's 163 KB, the own ring at Hopper's
+// 227 KB; every other cache keeps its own ring.
+constexpr std::int32_t optin_8_9 = kd::decode_least_smem_optin;
+constexpr std::int32_t optin_8_0 = 163 * 1024;
+constexpr std::int32_t optin_9_0 = 227 * 1024;
+template <class K, class V, int D, int NT>
+constexpr kd::decode_build build_at(std::int32_t optin) {
+  return kd::decode_build_for<K, V, D, NT>(optin);
+}
+using bf16c = kvkit::bf16_codec;
+static_assert(build_at<bf16c, bf16c, 256, 1>(0) == kd::decode_build::narrow);
+static_assert(build_at<bf16c, bf16c, 256, 2>(optin_8_9) == kd::decode_build::narrow);
+static_assert(build_at<bf16c, bf16c, 256, 1>(optin_8_0) == kd::decode_build::short_ring);
+static_assert(build_at<bf16c, bf16c, 256, 2>(optin_9_0) == kd::decode_build::own);
+static_assert(build_at<bf16c, bf16c, 128, 1>(0) == kd::decode_build::own);
+static_assert(build_at<int4_g32, int4_g32, 256, 2>(optin_8_9) == kd::decode_build::own);
+// On a device of 99 KB a block the narrow build's cluster mailboxes do not fit: its splits merge
+// through the workspace there.
+static_assert(kd::decode_cluster_smem_bytes<bf16c, bf16c, 256, 1, 1, kd::decode_narrow_warps>() >
+              optin_8_9);
+
+// The shared memory of the one-tile build the launcher chooses at `optin`.
+template <class K, class V, int D, int NT>
+constexpr int chosen_bytes(std::int32_t optin) {
+  switch (kd::decode_build_for<K, V, D, NT>(optin)) {
+  case kd::decode_build::narrow:
+    return kd::decode_smem_bytes<K, V, D, NT, 1, kd::decode_narrow_warps>();
+  case kd::decode_build::short_ring:
+    return kd::decode_short_ring_bytes<K, V, D, NT>();
+  case kd::decode_build::own:
+    break;
+  }
+  return kd::decode_smem_bytes<K, V, D, NT>();
+}
+// Whether every kernel the launcher may choose for a cache at head dim D fits every device of
+// compute capability 8.0 or later: the one-tile build chosen for each group size at 99, 163 and
+// 227 KB a block, and the two-tile kernel (chosen whatever the device) at 99 KB. (The wide kernel
+// is chosen only where the device's limit holds it.)
+template <class K, class V, int D>
+constexpr bool fits_every_device() {
+  for (const std::int32_t optin : {optin_8_9, optin_8_0, optin_9_0}) {
+    if (chosen_bytes<K, V, D, 1>(optin) > optin || chosen_bytes<K, V, D, 2>(optin) > optin) {
+      return false;
+    }
+  }
+  if constexpr (kd::decode_two_tiles_fit<K, V, D, 1>()) {
+    return kd::decode_smem_bytes<K, V, D, 1, 2>() <= optin_8_9;
+  }
+  return true;
+}
+template <class K, class V>
+constexpr bool fits_every_device_all_dims() {
+  return fits_every_device<K, V, 64>() && fits_every_device<K, V, 128>() &&
+         fits_every_device<K, V, 256>();
+}
+static_assert(fits_every_device_all_dims<bf16c, bf16c>());
+static_assert(fits_every_device_all_dims<kvkit::fp16_codec, bf16c>());
+static_assert(fits_every_device_all_dims<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec>());
+static_assert(fits_every_device_all_dims<kvkit::fp8_e5m2_codec, bf16c>());
+static_assert(fits_every_device_all_dims<kvkit::int8_codec, kvkit::int8_codec>());
+static_assert(fits_every_device_all_dims<kvkit::int8_codec, bf16c>());
+static_assert(fits_every_device_all_dims<kvkit::int8_codec, int4_g32>());
+static_assert(fits_every_device_all_dims<int4_g32, int4_g32>());
+static_assert(
+    fits_every_device_all_dims<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>>());
 static_assert(
     kd::decode_stages<int4_g32, int4_g32, 128, 1, 2, kd::decode_warps, kd::decode_long_ring>() ==
     4);

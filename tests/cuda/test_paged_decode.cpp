@@ -235,11 +235,12 @@ std::vector<std::int32_t> lengths_below(std::size_t n, std::int32_t longest, std
   return lens;
 }
 
+// Returns the merge the launch took.
 template <int D, class Layout, class T>
-void check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
-                  std::uint64_t seed, const kvkit::attention_options& options = {},
-                  std::int32_t sm_count = 132, bool clusters_fit = true,
-                  std::int32_t smem_optin = -1) {
+merged check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
+                    std::uint64_t seed, const kvkit::attention_options& options = {},
+                    std::int32_t sm_count = 132, bool clusters_fit = true,
+                    std::int32_t smem_optin = -1) {
   const std::int32_t q_heads = group * layout.num_kv_heads();
   problem<Layout> pr(layout, pages_for(layout, lens) + 7, seed);
   const auto step = pr.template make_step<T>(lens, q_heads);
@@ -264,6 +265,7 @@ void check_decode(const Layout& layout, std::int32_t group, const std::vector<st
   if (clusters_fit) {
     CHECK(path == expected_merge(got.max_splits, got.cluster_device));
   }
+  return path;
 }
 
 // Each step of a bf16 multi-step run (default options) against the reference.
@@ -318,26 +320,27 @@ TEST_CASE("paged_decode bf16: head dims 64 and 256, one KV head (MQA)", "[cuda][
       paged_layout<kvkit::bf16_codec>(16, 1, 256), 8, {3000, 5}, seed + 199, {}, 1, true,
       a100_smem_optin);
   // As a device of compute capability 8.6, 8.9 or 12.x would run them, which lets a block opt in
-  // to 99 KB, less than the two stages' 128 KB: the launcher takes the narrow build (two warps of
-  // three stages, 96 KB: decode_narrow_fit). Split (merged in clusters where the device has them,
-  // as the H200 does, or through the workspace: the many splits of a plan for 4096
-  // multiprocessors) and whole (94 tiles a warp around its three stages, and a sequence of one
-  // key, which leaves the second warp without a tile).
+  // to 99 KB (decode_least_smem_optin), less than the two stages' 128 KB: the launcher takes the
+  // narrow build (two warps of three stages, 96 KB: decode_narrow_fit), whose cluster mailboxes do
+  // not fit 99 KB, so split sequences merge through the workspace, with a few splits (planned for
+  // 132 multiprocessors) and many (4096). Whole sequences too (planned for one: 94 tiles a warp
+  // around its three stages), and a sequence of one key, which leaves the second warp no tile.
   constexpr std::int32_t small_smem_optin = 99 * 1024;
   for (const std::int32_t group : {1, 8, 16}) {
     for (const std::int32_t sms : {1, 132, 4096}) {
-      check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+      const merged path = check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
           paged_layout<kvkit::bf16_codec>(16, 1, 256), group, {5, 700, 2, 3000, 1},
-          seed + 250 + group + sms, {}, sms, true, small_smem_optin);
+          seed + 250 + group + sms, {}, sms, false, small_smem_optin);
+      CHECK(path == (sms == 1 ? merged::none : merged::workspace));
     }
   }
   // With a window, a soft cap and pages of one token, at two KV heads.
   kvkit::attention_options options;
   options.window = 1500;
   options.logits_soft_cap = 30.0F;
-  check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
-      paged_layout<kvkit::bf16_codec>(1, 2, 256), 4, {2000, 33, 1600}, seed + 299, options, 132,
-      true, small_smem_optin);
+  CHECK(check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
+            paged_layout<kvkit::bf16_codec>(1, 2, 256), 4, {2000, 33, 1600}, seed + 299, options,
+            132, false, small_smem_optin) == merged::workspace);
 }
 
 TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {

@@ -144,7 +144,8 @@ struct decode_plan {
   //! multiprocessor (fp8 at B=32), whatever this says.
   bool two_tiles = false;
 
-  //! Keys a thread block processes per step of its four warps (each warp takes 16).
+  //! Keys a thread block of four warps processes per step (each warp takes 16); chunks are whole
+  //! multiples of it, whatever the warps of the block that runs them.
   static constexpr std::int32_t tile_tokens = 64;
   //! The most splits a sequence is cut into (the last block of a sequence merges every split's
   //! partial result, so more splits lengthen that chain); longer sequences get longer chunks.

@@ -5,13 +5,14 @@
 //! in-launch log-sum-exp merge, optional LSE output, sliding window and logit soft cap.
 //!
 //! How it works (docs/kernels.md has the long form): a thread block takes one (sequence, KV
-//! head, split) and its four warps take 16-key tiles in turn. Each warp copies its tiles' whole K
-//! and V rows into its own slice of shared memory (`cp.async`, several tiles ahead, chunks
-//! swizzled per key), so no block barrier is needed in the loop. The group's query heads are the N
-//! dimension of tensor-core MMAs (m16n8k16, fp32 accumulation): S^T = K Q^T with keys as M, then
-//! O^T = V^T P^T with channels as M, P^T moved into place with `movmatrix`. Each thread reads
-//! 16-byte runs of a key's channels and dequantizes them straight into MMA operands; K and Q share
-//! a channel permutation, and V's channel permutation is undone when the output is written.
+//! head, split) and its warps (four, in most builds) take 16-key tiles in turn. Each warp copies
+//! its tiles' whole K and V rows into its own slice of shared memory (`cp.async`, several tiles
+//! ahead, chunks swizzled per key), so no block barrier is needed in the loop. The group's query
+//! heads are the N dimension of tensor-core MMAs (m16n8k16, fp32 accumulation): S^T = K Q^T with
+//! keys as M, then O^T = V^T P^T with channels as M, P^T moved into place with `movmatrix`. Each
+//! thread reads 16-byte runs of a key's channels and dequantizes them straight into MMA operands; K
+//! and Q share a channel permutation, and V's channel permutation is undone when the output is
+//! written.
 
 #include <cooperative_groups.h>
 #include <cuda/atomic>
@@ -901,23 +902,22 @@ inline constexpr std::int32_t decode_paired_block_keys = decode_plan::two_tiles_
 // 99 KB (8.6, 8.9 and 12.x; 8.0 allows 163 KB, 9.0 and 10.0 227 KB).
 inline constexpr std::int32_t decode_least_smem_optin = 99 * 1024;
 
-// Whether the one-tile kernel of four-warp blocks has a second build of decode_short_ring stages,
-// which the launcher runs on a device that lets a block opt in to less shared memory than the
-// kernel's own ring takes: where that ring takes more than decode_least_smem_optin and two stages
-// take less. Those are the 16-bit caches at head dim 256: three stages, 192 KB a block, where an
-// A100 allows 163 KB; two take 128 KB. Where that is still too much, the narrow build runs
-// (decode_narrow_fit).
+// Shared memory of the one-tile kernel's build of decode_short_ring stages (blocks of
+// decode_warps warps).
+template <class K, class V, int D, int NT>
+constexpr int decode_short_ring_bytes() {
+  return decode_smem_bytes<K, V, D, NT, 1, decode_warps, decode_short_ring>();
+}
+
+// Whether the one-tile kernel of four-warp blocks has a second build of decode_short_ring stages
+// for devices that let a block opt in to less shared memory than the kernel's own ring takes:
+// where that ring takes more than decode_least_smem_optin and two stages take less. Those are the
+// 16-bit caches at head dim 256: three stages, 192 KB a block, where an A100 allows 163 KB; two
+// take 128 KB.
 template <class K, class V, int D, int NT>
 constexpr bool decode_short_ring_fit() {
   return decode_smem_bytes<K, V, D, NT>() > decode_least_smem_optin &&
-         decode_smem_bytes<K, V, D, NT, 1, decode_warps, decode_short_ring>() <
-             decode_smem_bytes<K, V, D, NT>();
-}
-// Whether the launcher runs the short-ring build on a device that lets a block opt in to
-// `smem_optin` bytes of shared memory.
-template <class K, class V, int D, int NT>
-constexpr bool decode_takes_short_ring(std::int32_t smem_optin) {
-  return decode_short_ring_fit<K, V, D, NT>() && decode_smem_bytes<K, V, D, NT>() > smem_optin;
+         decode_short_ring_bytes<K, V, D, NT>() < decode_smem_bytes<K, V, D, NT>();
 }
 
 // Warps in a block of the narrow build of the one-tile kernel: two, each with the kernel's own
@@ -927,22 +927,36 @@ constexpr bool decode_takes_short_ring(std::int32_t smem_optin) {
 // allow 99 KB (L4, L40S, A10, RTX 3090 to 5090). Such a device holds one block an SM, as the plan
 // cuts these grids for (decode_blocks_per_sm), and its bandwidth an SM is a third of the H200's or
 // less, which two warps with two 16 KB tiles each in flight (64 KB an SM) are meant to keep busy
-// (not measured: no such device has run it).
+// (not measured: no such device has run it). With a cluster merge's mailboxes the build takes
+// 106-116 KB, so there its splits merge through the workspace.
 inline constexpr int decode_narrow_warps = 2;
 template <class K, class V, int D, int NT>
 constexpr bool decode_narrow_fit() {
   return decode_short_ring_fit<K, V, D, NT>() &&
-         decode_smem_bytes<K, V, D, NT, 1, decode_warps, decode_short_ring>() >
-             decode_least_smem_optin &&
+         decode_least_smem_optin < decode_short_ring_bytes<K, V, D, NT>() &&
          decode_smem_bytes<K, V, D, NT, 1, decode_narrow_warps>() <= decode_least_smem_optin;
 }
-// Whether the launcher runs the narrow build on a device that lets a block opt in to
-// `smem_optin` bytes of shared memory (0 where the device's limit is unknown: the build that
-// fits every device).
+
+// The builds of the one-tile kernel that the launcher chooses between by the device's shared
+// memory a block (decode_build_for).
+enum class decode_build : std::uint8_t {
+  own,        // four warps, the kernel's own ring
+  short_ring, // four warps, decode_short_ring stages (decode_short_ring_fit)
+  narrow,     // decode_narrow_warps warps (decode_narrow_fit)
+};
+// The build the launcher runs on a device that lets a block opt in to `smem_optin` bytes of shared
+// memory (0 where the device's limit is unknown): the own ring where it fits (or no other build
+// exists), else the short ring where that fits, else the narrow build (which fits every device of
+// compute capability 8.0 or later).
 template <class K, class V, int D, int NT>
-constexpr bool decode_takes_narrow(std::int32_t smem_optin) {
-  return decode_narrow_fit<K, V, D, NT>() &&
-         decode_smem_bytes<K, V, D, NT, 1, decode_warps, decode_short_ring>() > smem_optin;
+constexpr decode_build decode_build_for(std::int32_t smem_optin) {
+  if (decode_narrow_fit<K, V, D, NT>() && smem_optin < decode_short_ring_bytes<K, V, D, NT>()) {
+    return decode_build::narrow;
+  }
+  if (decode_short_ring_fit<K, V, D, NT>() && decode_smem_bytes<K, V, D, NT>() > smem_optin) {
+    return decode_build::short_ring;
+  }
+  return decode_build::own;
 }
 
 // Blocks per multiprocessor that a kernel's grids are cut for and its registers are held to:
@@ -2234,10 +2248,12 @@ std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_pl
 }
 
 // One launch of the kernel taking KT tiles a step with blocks of W warps on `device`, which has
-// `sms` multiprocessors, for a grid of `blocks` (decode_grid_blocks).
+// `sms` multiprocessors, for a grid of `blocks` (decode_grid_blocks); `smem_optin` as the
+// dispatcher's below.
 template <class Layout, class T, int D, int NT, int KT, int W = decode_warps, int Ring = 0>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
-                          cudaStream_t stream, int device, std::int32_t sms, std::int64_t blocks) {
+                          cudaStream_t stream, int device, std::int32_t sms, std::int64_t blocks,
+                          std::int32_t smem_optin = -1) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   const bool small_grid = blocks <= sms;
@@ -2285,11 +2301,17 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // shared memory a block, the splits merge through the workspace).
   static std::atomic<std::uint64_t> mailboxes{0};
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cluster_need) ==
-        cudaSuccess) {
+    // Where the caller gives the shared memory a block may opt in to (`smem_optin`, not negative:
+    // the tests' stand-in for a smaller device, taken at the kernel's first launch on a device),
+    // the mailboxes are tried only where they fit it, as such a device would decide.
+    const bool room = smem_optin < 0 || cluster_need <= smem_optin;
+    if (room && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     cluster_need) == cudaSuccess) {
       mailboxes.fetch_or(bit, std::memory_order_acq_rel);
     } else {
-      (void)cudaGetLastError(); // not an error of this launch: no cluster merge
+      if (room) {
+        (void)cudaGetLastError(); // not an error of this launch: no cluster merge
+      }
       if (const cudaError_t e =
               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_need);
           e != cudaSuccess) {
@@ -2328,7 +2350,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // third block, 177 held; B=128, L=2048 7% more time). At head dim 64, fp8, int8 and int4 g32
   // at B=1 to 32 measured within 1.8% either way. The wide kernel is not held: it runs on grids of
   // at most one block an SM, where a second one (the next launch's) takes no SM from this one
-  // (int4 at head dim 64, B=1, L=2048 3.5% slower held).
+  // (int4 at head dim 64, B=1, L=2048 3.5% slower held). Nor is the narrow build: the devices it
+  // is for hold one of its blocks an SM, as planned (a larger device runs it only where its limit
+  // is unknown, and may then hold two).
   std::int32_t smem = smem_need;
   std::int32_t cluster_smem = cluster_need;
   if constexpr (W == decode_warps) {
@@ -2547,16 +2571,17 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                                                                    device, sms, blocks);
     }
   }
-  if constexpr (decode_narrow_fit<K, V, D, NT>()) {
-    if (decode_takes_narrow<K, V, D, NT>(optin())) {
-      return launch_decode<Layout, T, D, NT, 1, decode_narrow_warps>(a, plan, workspace, stream,
-                                                                     device, sms, blocks);
-    }
-  }
   if constexpr (decode_short_ring_fit<K, V, D, NT>()) {
-    if (decode_takes_short_ring<K, V, D, NT>(optin())) {
+    const decode_build build = decode_build_for<K, V, D, NT>(optin());
+    if constexpr (decode_narrow_fit<K, V, D, NT>()) {
+      if (build == decode_build::narrow) {
+        return launch_decode<Layout, T, D, NT, 1, decode_narrow_warps>(
+            a, plan, workspace, stream, device, sms, blocks, smem_optin);
+      }
+    }
+    if (build == decode_build::short_ring) {
       return launch_decode<Layout, T, D, NT, 1, decode_warps, decode_short_ring>(
-          a, plan, workspace, stream, device, sms, blocks);
+          a, plan, workspace, stream, device, sms, blocks, smem_optin);
     }
   }
   return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, sms, blocks);
