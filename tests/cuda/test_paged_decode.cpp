@@ -341,6 +341,18 @@ TEST_CASE("paged_decode bf16: head dims 64 and 256, one KV head (MQA)", "[cuda][
   CHECK(check_decode<256, paged_layout<kvkit::bf16_codec>, __nv_bfloat16>(
             paged_layout<kvkit::bf16_codec>(1, 2, 256), 4, {2000, 33, 1600}, seed + 299, options,
             132, false, small_smem_optin) == merged::workspace);
+  // fp16 in HND pages (a head's rows of a page contiguous) with fp16 queries, in each build: this
+  // device's own ring, the A100's short ring and the narrow build (two KV heads, 32-token pages).
+  using fp16_hnd = paged_layout<kvkit::fp16_codec, kvkit::fp16_codec, kvkit::kv_order::hnd>;
+  for (const std::int32_t optin : {-1, a100_smem_optin, small_smem_optin}) {
+    for (const std::int32_t group : {4, 16}) {
+      const merged path = check_decode<256, fp16_hnd, __half>(
+          fp16_hnd(32, 2, 256), group, {1, 257, 1900},
+          seed + 400 + static_cast<std::uint64_t>(group) + (optin > 0 ? optin / 1024 : 0), {}, 132,
+          optin != small_smem_optin, optin);
+      CHECK((optin != small_smem_optin || path == merged::workspace));
+    }
+  }
 }
 
 TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
