@@ -737,6 +737,7 @@ std::vector<std::string> decode_residency_failures() {
   check_residency_all<bf16_nhd, __nv_bfloat16, 128>("bf16", device, failed);
   check_residency_all<bf16_nhd, __nv_bfloat16, 256>("bf16", device, failed);
   check_residency_all<fp16_hnd, __half, 128>("fp16 hnd", device, failed);
+  check_residency_all<fp16_hnd, __half, 256>("fp16 hnd", device, failed);
   check_residency_all<e4m3_nhd, __nv_bfloat16, 128>("fp8 e4m3", device, failed);
   check_residency_all<e5m2_hnd, __half, 64>("fp8 e5m2 hnd", device, failed);
   check_residency_all<int8_nhd, __nv_bfloat16, 128>("int8", device, failed);

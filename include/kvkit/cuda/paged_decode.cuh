@@ -2303,7 +2303,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
     // Where the caller gives the shared memory a block may opt in to (`smem_optin`, not negative:
     // the tests' stand-in for a smaller device, taken at the kernel's first launch on a device),
-    // the mailboxes are tried only where they fit it, as such a device would decide.
+    // the mailboxes are tried only where they fit it, as such a device would decide. The
+    // dispatcher passes it to the builds that it chooses by that limit (the short ring and the
+    // narrow build), which on a larger device only a stand-in reaches; every other build is
+    // launched with -1 (the device decides), so a stand-in never changes what they cache.
     const bool room = smem_optin < 0 || cluster_need <= smem_optin;
     if (room && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      cluster_need) == cudaSuccess) {
