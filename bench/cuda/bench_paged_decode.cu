@@ -476,6 +476,7 @@ void register_row(const std::string& name, F&& run) {
 
 template <class Layout>
 void register_codec(const std::string& codec, const std::vector<int>& page_sizes, bool full_grid) {
+  const int largest_group = *std::max_element(groups().begin(), groups().end());
   for (const int page : page_sizes) {
     for (const int group : groups()) {
       for (const int b : {1, 8, 32, 64, 128}) {
@@ -485,8 +486,7 @@ void register_codec(const std::string& codec, const std::vector<int>& page_sizes
           if (page != 16 && !sweep_shape) {
             continue; // other page sizes: the mid, small and one large shape
           }
-          if (!full_grid && page == 16 &&
-              group != *std::max_element(groups().begin(), groups().end()) && !sweep_shape) {
+          if (!full_grid && page == 16 && group != largest_group && !sweep_shape) {
             continue;
           }
           const std::string name = "paged_decode/" + codec + "/B" + std::to_string(b) + "/L" +

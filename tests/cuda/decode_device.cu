@@ -648,40 +648,38 @@ void check_residency(const std::string& what, int device, std::vector<std::strin
   }
 }
 
-// The kernels the launcher may run for a cache of `Layout` at head dim D (launch_decode).
-template <class Layout, class T, int D>
-void check_residency_all(const std::string& what, int device, std::vector<std::string>& failed) {
+// The kernels the launcher may run for a cache of `Layout` at head dim D with NT query tiles
+// (launch_decode): the one-tile kernel's own build and, where they exist, the two-tile kernel and
+// its long ring, the short ring, the narrow build and the wide kernel.
+template <class Layout, class T, int D, int NT>
+void check_residency_tiles(const std::string& what, int device, std::vector<std::string>& failed) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  check_residency<Layout, T, D, 1, 1, kd::decode_warps, 0>(what, device, failed);
-  check_residency<Layout, T, D, 2, 1, kd::decode_warps, 0>(what, device, failed);
-  if constexpr (kd::decode_two_tiles_fit<K, V, D, 1>()) {
-    check_residency<Layout, T, D, 1, 2, kd::decode_warps, 0>(what, device, failed);
-    if constexpr (kd::decode_long_ring_fit<K, V, D, 1>()) {
-      check_residency<Layout, T, D, 1, 2, kd::decode_warps, kd::decode_long_ring>(what, device,
-                                                                                  failed);
+  check_residency<Layout, T, D, NT, 1, kd::decode_warps, 0>(what, device, failed);
+  if constexpr (kd::decode_two_tiles_fit<K, V, D, NT>()) {
+    check_residency<Layout, T, D, NT, 2, kd::decode_warps, 0>(what, device, failed);
+    if constexpr (kd::decode_long_ring_fit<K, V, D, NT>()) {
+      check_residency<Layout, T, D, NT, 2, kd::decode_warps, kd::decode_long_ring>(what, device,
+                                                                                   failed);
     }
   }
-  if constexpr (kd::decode_short_ring_fit<K, V, D, 1>()) {
-    check_residency<Layout, T, D, 1, 1, kd::decode_warps, kd::decode_short_ring>(what, device,
-                                                                                 failed);
+  if constexpr (kd::decode_short_ring_fit<K, V, D, NT>()) {
+    check_residency<Layout, T, D, NT, 1, kd::decode_warps, kd::decode_short_ring>(what, device,
+                                                                                  failed);
   }
-  if constexpr (kd::decode_short_ring_fit<K, V, D, 2>()) {
-    check_residency<Layout, T, D, 2, 1, kd::decode_warps, kd::decode_short_ring>(what, device,
-                                                                                 failed);
+  if constexpr (kd::decode_narrow_fit<K, V, D, NT>()) {
+    check_residency<Layout, T, D, NT, 1, kd::decode_narrow_warps, 0>(what, device, failed);
   }
-  if constexpr (kd::decode_narrow_fit<K, V, D, 1>()) {
-    check_residency<Layout, T, D, 1, 1, kd::decode_narrow_warps, 0>(what, device, failed);
+  if constexpr (kd::decode_wide_fit<K, V, D, NT>()) {
+    check_residency<Layout, T, D, NT, 1, kd::decode_wide_warps, 0>(what, device, failed);
   }
-  if constexpr (kd::decode_narrow_fit<K, V, D, 2>()) {
-    check_residency<Layout, T, D, 2, 1, kd::decode_narrow_warps, 0>(what, device, failed);
-  }
-  if constexpr (kd::decode_wide_fit<K, V, D, 1>()) {
-    check_residency<Layout, T, D, 1, 1, kd::decode_wide_warps, 0>(what, device, failed);
-  }
-  if constexpr (kd::decode_wide_fit<K, V, D, 2>()) {
-    check_residency<Layout, T, D, 2, 1, kd::decode_wide_warps, 0>(what, device, failed);
-  }
+}
+
+// Those of both query tiles.
+template <class Layout, class T, int D>
+void check_residency_all(const std::string& what, int device, std::vector<std::string>& failed) {
+  check_residency_tiles<Layout, T, D, 1>(what, device, failed);
+  check_residency_tiles<Layout, T, D, 2>(what, device, failed);
 }
 
 } // namespace
