@@ -1,9 +1,11 @@
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "host/test_seed.hpp"
 #include "kvkit/attention/decode_plan.hpp"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -486,4 +488,81 @@ TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {
   CHECK(kvkit::plan_decode({2, 8, 2, 128, 0}, lens, 0).error() == kvkit::errc::bad_argument);
   CHECK(kvkit::plan_decode_graph_safe({2, 8, 2, 128, 0}, 0, 132).error() ==
         kvkit::errc::bad_argument);
+}
+
+TEST_CASE("plan_decode's plans hold their invariants over random shapes, lengths and devices",
+          "[attention][plan]") {
+  // Every valid shape (head dims, groups, widths, pages, orders, windows), batches of wildly
+  // different lengths and devices of 1 to 4096 multiprocessors: the plan covers every attended
+  // key with whole tiles, leaves no split of the longest sequence empty, stays within
+  // max_splits_limit, asks for workspace exactly when it splits, chooses the two-tile kernel only
+  // for a cache that has one, and is the same plan when asked again. A graph-safe plan for a
+  // bound covers every batch within it. A failure prints the seed and trial; KVKIT_TEST_SEED
+  // replays it.
+  const std::uint64_t seed = kvkit_test::test_seed(20261204);
+  std::mt19937_64 rng(seed);
+  const auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  constexpr std::int32_t head_dims[] = {64, 128, 256};
+  constexpr std::int32_t widths[] = {16, 8, 4};
+  constexpr std::int32_t pages[] = {0, 1, 4, 16, 64, 128};
+  for (int trial = 0; trial < 2000; ++trial) {
+    decode_shape shape;
+    shape.batch_size = static_cast<std::int32_t>(pick(1, trial % 4 == 0 ? 512 : 64));
+    shape.num_kv_heads = static_cast<std::int32_t>(pick(1, 16));
+    shape.num_q_heads = shape.num_kv_heads * static_cast<std::int32_t>(pick(1, 16));
+    shape.head_dim = head_dims[pick(0, 2)];
+    shape.kv_bits = widths[pick(0, 2)];
+    shape.kv_scaled_one_width = shape.kv_bits < 16 && pick(0, 1) == 1;
+    shape.page_size = pages[pick(0, 5)];
+    shape.order = pick(0, 1) == 1 ? kvkit::kv_order::hnd : kvkit::kv_order::nhd;
+    shape.window = pick(0, 3) == 0 ? static_cast<std::int32_t>(pick(1, 9000)) : 0;
+    // Lengths from one token to a million, drawn on a log scale so that short and long mix.
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(shape.batch_size));
+    for (auto& len : lens) {
+      len = static_cast<std::int32_t>(std::max<std::int64_t>(1, std::int64_t{1} << pick(0, 20)) -
+                                      1 + pick(1, 64));
+    }
+    const auto sms = static_cast<std::int32_t>(pick(0, 2) == 0 ? pick(1, 4096) : 132);
+    INFO("seed " << seed << " (KVKIT_TEST_SEED=" << seed << "), trial " << trial << ": batch "
+                 << shape.batch_size << ", heads " << shape.num_q_heads << "/" << shape.num_kv_heads
+                 << ", head dim " << shape.head_dim << ", bits " << shape.kv_bits
+                 << (shape.kv_scaled_one_width ? " scaled" : "") << ", page " << shape.page_size
+                 << ", window " << shape.window << ", sms " << sms);
+    REQUIRE(shape.validate().ok());
+
+    std::int64_t max_len = 0;
+    for (const std::int32_t len : lens) {
+      max_len = std::max<std::int64_t>(max_len, kvkit::detail::attended(len, shape.window));
+    }
+    const auto plan = kvkit::plan_decode(shape, lens, sms);
+    REQUIRE(plan.ok());
+    INFO("chunk " << plan->chunk_tokens << ", splits " << plan->max_splits << ", longest "
+                  << max_len);
+    const std::int64_t chunk = plan->chunk_tokens;
+    REQUIRE(chunk >= decode_plan::tile_tokens);
+    CHECK(chunk % decode_plan::tile_tokens == 0);
+    CHECK(plan->max_splits >= 1);
+    CHECK(plan->max_splits <= decode_plan::max_splits_limit);
+    CHECK(plan->max_splits * chunk >= max_len);
+    CHECK((plan->max_splits - 1) * chunk < max_len);
+    CHECK((plan->workspace_bytes() == 0) == (plan->max_splits == 1));
+    CHECK((!plan->two_tiles || kvkit::detail::two_tiles_cache(shape)));
+    CHECK(!plan->graph_safe);
+    const auto again = kvkit::plan_decode(shape, lens, sms);
+    REQUIRE(again.ok());
+    CHECK(again->chunk_tokens == plan->chunk_tokens);
+    CHECK(again->max_splits == plan->max_splits);
+    CHECK(again->two_tiles == plan->two_tiles);
+
+    const std::int32_t bound = *std::max_element(lens.begin(), lens.end());
+    const auto graph = kvkit::plan_decode_graph_safe(shape, bound, sms);
+    REQUIRE(graph.ok());
+    CHECK(graph->graph_safe);
+    CHECK(graph->chunk_tokens % decode_plan::tile_tokens == 0);
+    CHECK(graph->max_splits <= decode_plan::max_splits_limit);
+    CHECK(static_cast<std::int64_t>(graph->max_splits) * graph->chunk_tokens >= max_len);
+    CHECK((graph->workspace_bytes() == 0) == (graph->max_splits == 1));
+  }
 }
