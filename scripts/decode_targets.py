@@ -4,7 +4,7 @@
     scripts/decode_targets.py RUN.json
 
 RUN.json is the --benchmark_out of `kvkit_bench_cuda --benchmark_filter=paged_decode` (run with
-KVKIT_SDPA_CSV for the SDPA columns). Rows are named paged_decode[_graph]/CODEC/B../L../g../p..
+KVKIT_SDPA_CSV for the SDPA columns); rows that report an error are left out. Rows are named paged_decode[_graph]/CODEC/B../L../g../p..
 and carry the counters us, TB/s, x_sdpa and (quantized codecs) time_vs_bf16, over bf16 of the
 same order (CODEC_hnd rows: over bf16_hnd).
 """
@@ -21,7 +21,7 @@ def load(path):
     with open(path) as f:
         for bench in json.load(f)["benchmarks"]:
             m = NAME.match(bench["name"])
-            if m:
+            if m and not bench.get("error_occurred"):
                 kind, codec, b, l, g, page = m.groups()
                 rows[(kind, codec, int(b), int(l), int(g), int(page))] = bench
     return rows
@@ -38,6 +38,8 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     rows = load(sys.argv[1])
+    if not rows:
+        sys.exit(f"{sys.argv[1]}: no measured paged_decode rows (did the run find a GPU?)")
     stream = {k[1:]: v for k, v in rows.items() if k[0] == "paged_decode"}
     graph = {k[1:]: v for k, v in rows.items() if k[0] == "paged_decode_graph"}
     out = []

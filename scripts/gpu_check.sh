@@ -1,30 +1,66 @@
 #!/usr/bin/env bash
-# Runs kvkit's GPU tests (plainly, then under compute-sanitizer memcheck and racecheck) and GPU
-# benchmarks from a build, writing logs to LOG_DIR.
+# kvkit's GPU run of record, in one call: the GPU tests, the two GPU examples, PyTorch's SDPA as
+# the decode benchmark's peer where torch is installed, every GPU benchmark, the decode targets
+# checked against that run, and last the GPU tests under compute-sanitizer memcheck and racecheck.
+# Logs and data go to LOG_DIR.
 #   scripts/gpu_check.sh [BUILD_DIR] [LOG_DIR]     (defaults: build/release, gpu-logs)
-# BUILD_DIR holds tests/kvkit_cuda_tests and bench/kvkit_bench_cuda, and lib/ with any shared
-# libraries the machine lacks (scripts/stage_gpu.sh prepares such a folder).
+# Run it from the repository root. BUILD_DIR holds tests/kvkit_cuda_tests,
+# bench/kvkit_bench_cuda, optionally ex/ (or examples/) with decode_step and serving_sim, and lib/
+# with any shared libraries the machine lacks (scripts/stage_gpu.sh prepares such a folder).
+# KVKIT_SANITIZE_CASES picks the test cases run under the sanitizers (default: all but the
+# conversion sweep and the decode page-size sweep, too slow instrumented; the other decode cases
+# cover the same code paths); KVKIT_SANITIZE_TIMEOUT bounds each tool's run in seconds (default
+# 240). The exit status is 0 only if the tests, both sanitizers and both examples passed.
 set -uo pipefail
 build=${1:-build/release}
 logs=${2:-gpu-logs}
 mkdir -p "$logs"
 export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv |
-  tee "$logs/gpu.txt"
+{
+  date -u '+%Y-%m-%d %H:%M UTC'
+  git rev-parse --short HEAD 2>/dev/null
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+} 2>&1 | tee "$logs/gpu.txt"
 
-"$build/tests/kvkit_cuda_tests" 2>&1 | tee "$logs/cuda_tests.txt"
+"$build/tests/kvkit_cuda_tests" --durations yes 2>&1 | tee "$logs/cuda_tests.txt"
 rc=${PIPESTATUS[0]}
 
+for example in decode_step serving_sim; do
+  bin=$(ls "$build/ex/$example" "$build/examples/$example" 2>/dev/null | head -1)
+  if [[ -n $bin ]]; then
+    "$bin" >"$logs/$example.txt" 2>&1
+    example_rc=$?
+    echo "$example: exit $example_rc" | tee -a "$logs/examples.txt"
+    tail -5 "$logs/$example.txt"
+    [[ $example_rc -eq 0 ]] || rc=1
+  fi
+done
+
+# The decode rows beside their SDPA peer, measured in this call, then every other GPU benchmark.
+here=$(cd "$(dirname "$0")" && pwd)
+if python3 -c "import torch" 2>/dev/null &&
+  python3 "$here/../bench/cuda/sdpa_peer.py" "$logs/sdpa.csv" >"$logs/sdpa.txt" 2>&1; then
+  export KVKIT_SDPA_CSV="$logs/sdpa.csv"
+else
+  echo "no SDPA peer this run (torch missing or its script failed; see sdpa.txt)" |
+    tee -a "$logs/sdpa.txt"
+fi
+"$build/bench/kvkit_bench_cuda" --benchmark_filter=paged_decode \
+  --benchmark_out="$logs/bench_decode.json" --benchmark_out_format=json 2>&1 |
+  tee "$logs/bench_decode.txt"
+python3 "$here/decode_targets.py" "$logs/bench_decode.json" 2>&1 | tee "$logs/targets.txt"
+"$build/bench/kvkit_bench_cuda" --benchmark_filter='^(BM_|write_kv|quantize_pages|dequantize_pages)' \
+  --benchmark_out="$logs/bench_cuda.json" --benchmark_out_format=json 2>&1 |
+  tee "$logs/bench_cuda.txt"
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [[ -n $sanitizer ]]; then
-  # The kernels under test; the 64 M-value conversion sweep and the decode page-size sweep are
-  # left out (too slow instrumented; the other decode cases cover the same code paths).
+  cases=${KVKIT_SANITIZE_CASES:-"~[conversions]~[sweep]"}
   for tool in memcheck racecheck; do
-    "$sanitizer" --tool "$tool" --error-exitcode 3 "$build/tests/kvkit_cuda_tests" \
-      "~[conversions]~[sweep]" >"$logs/$tool.txt" 2>&1
+    timeout "${KVKIT_SANITIZE_TIMEOUT:-240}" "$sanitizer" --tool "$tool" --error-exitcode 3 \
+      "$build/tests/kvkit_cuda_tests" "$cases" >"$logs/$tool.txt" 2>&1
     tool_rc=$?
     ran=$(grep -c "All tests passed" "$logs/$tool.txt")
-    echo "compute-sanitizer $tool: exit $tool_rc, tests passed under it: $ran;" \
+    echo "compute-sanitizer $tool over '$cases': exit $tool_rc, tests passed under it: $ran;" \
       "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/$tool.txt" | tail -1)" |
       tee -a "$logs/sanitizer.txt"
     if [[ $tool_rc -ne 0 || $ran -eq 0 ]]; then
@@ -34,7 +70,4 @@ if [[ -n $sanitizer ]]; then
 else
   echo "compute-sanitizer not found" | tee "$logs/sanitizer.txt"
 fi
-
-"$build/bench/kvkit_bench_cuda" --benchmark_out="$logs/bench_cuda.json" \
-  --benchmark_out_format=json 2>&1 | tee "$logs/bench_cuda.txt"
 exit "$rc"
