@@ -1,5 +1,8 @@
 #include <cuda_fp8.h>
 
+#include <string>
+#include <vector>
+
 #include "cuda/cuda_try.hpp"
 #include "cuda/quantize_device.hpp"
 #include "kvkit/cuda/quantize_pages.cuh"
@@ -282,5 +285,104 @@ KVKIT_WRITE_KV(l_g128_g64, __half)
 using l_e4m3_g32 = paged_layout<kvkit::fp8_e4m3_codec, kvkit::int4_group_codec<32>>;
 KVKIT_WRITE_KV(l_e4m3_g32, __nv_bfloat16)
 KVKIT_WRITE_KV(l_kivi, __nv_bfloat16) // rejected: per-channel K needs whole pages
+
+namespace {
+
+// The cases that kv_write and page_batch share, each a change to the accepted `good` arguments
+// handed to `check(name, args, expect_ok)`: `count` is the token or page count and `ids` the slots
+// or page ids. `fake` is 16-byte aligned.
+template <class Args, class Ids, class Check>
+void shared_argument_cases(const Args& good, std::int32_t Args::*count, Ids Args::*ids,
+                           std::byte* fake, Check&& check) {
+  using layout_t = decltype(good.layout);
+  const auto with = [&](const char* name, bool expect_ok, auto change) {
+    Args a = good;
+    change(a);
+    check(name, a, expect_ok);
+  };
+  check("good", good, true);
+  with("no work, no pointers", true, [&](Args& a) {
+    a.*count = 0;
+    a.*ids = nullptr;
+    a.cache = nullptr;
+    a.k = nullptr;
+    a.v = nullptr;
+  });
+  with("negative count", false, [&](Args& a) { a.*count = -1; });
+  with("page size 0", false, [](Args& a) { a.layout = layout_t(0, 8, 128); });
+  with("no kv heads", false, [](Args& a) { a.layout = layout_t(16, 0, 128); });
+  with("head dim not a multiple of 8", false, [](Args& a) { a.layout = layout_t(16, 8, 100); });
+  with("null ids", false, [&](Args& a) { a.*ids = nullptr; });
+  with("null cache", false, [](Args& a) { a.cache = nullptr; });
+  with("null k", false, [](Args& a) { a.k = nullptr; });
+  with("null v", false, [](Args& a) { a.v = nullptr; });
+  with("no capacity", false, [](Args& a) { a.capacity = 0; });
+  with("misaligned cache", false, [&](Args& a) { a.cache = fake + 8; });
+  with("misaligned k", false, [](Args& a) { a.k += 1; });
+  with("misaligned v", false, [](Args& a) { a.v += 4; });
+}
+
+} // namespace
+
+std::vector<std::string> page_validation_failures() {
+  std::vector<std::string> failed;
+  // Stand-in pointers: validate never dereferences them, and no accepted case with work is
+  // launched, so no CUDA call is made.
+  alignas(16) static std::byte fake[64];
+  auto* t = reinterpret_cast<__nv_bfloat16*>(fake);
+  auto* ids = reinterpret_cast<std::int32_t*>(fake);
+  auto* slots = reinterpret_cast<std::int64_t*>(fake);
+  auto* scales = reinterpret_cast<float*>(fake);
+
+  // write_kv: validate's verdict, and the launcher's refusal of each rejected case (an accepted
+  // one without work returns success without a launch).
+  const auto write = [&](const char* name, const auto& w, bool expect_ok) {
+    const bool ok = kvkit::cuda::validate(w).ok();
+    const bool launcher_agrees =
+        expect_ok ? w.num_tokens > 0 || kvkit::cuda::write_kv(w, nullptr) == cudaSuccess
+                  : kvkit::cuda::write_kv(w, nullptr) == cudaErrorInvalidValue;
+    if (ok != expect_ok || !launcher_agrees) {
+      failed.emplace_back(std::string("write_kv: ") + name);
+    }
+  };
+  using w_fp16 = kvkit::cuda::kv_write<l_fp16, __nv_bfloat16>;
+  shared_argument_cases(w_fp16{l_fp16(16, 8, 128), fake, 4, slots, 3, t, t, nullptr},
+                        &w_fp16::num_tokens, &w_fp16::slots, fake, write);
+  using w_fp8 = kvkit::cuda::kv_write<l_e4m3_g32, __nv_bfloat16>;
+  const w_fp8 fp8{l_e4m3_g32(16, 8, 128), fake, 4, slots, 3, t, t, nullptr};
+  write("fp8 K without static scales", fp8, false);
+  auto fp8_scaled = fp8;
+  fp8_scaled.static_scales = scales;
+  write("fp8 K with static scales", fp8_scaled, true);
+  using w_kivi = kvkit::cuda::kv_write<l_kivi, __nv_bfloat16>;
+  write("per-channel K", w_kivi{l_kivi(16, 8, 128), fake, 4, slots, 3, t, t, nullptr}, false);
+
+  // quantize_pages and dequantize_pages: one validate, two launchers.
+  const auto pages = [&](const char* name, const auto& b, bool expect_ok) {
+    const bool ok = kvkit::cuda::validate(b).ok();
+    const bool launchers_agree =
+        expect_ok ? b.num_pages > 0 || (kvkit::cuda::quantize_pages(b, nullptr) == cudaSuccess &&
+                                        kvkit::cuda::dequantize_pages(b, nullptr) == cudaSuccess)
+                  : kvkit::cuda::quantize_pages(b, nullptr) == cudaErrorInvalidValue &&
+                        kvkit::cuda::dequantize_pages(b, nullptr) == cudaErrorInvalidValue;
+    if (ok != expect_ok || !launchers_agree) {
+      failed.emplace_back(std::string("quantize_pages: ") + name);
+    }
+  };
+  using b_fp16 = kvkit::cuda::page_batch<l_fp16, __nv_bfloat16>;
+  shared_argument_cases(b_fp16{l_fp16(16, 8, 128), fake, 4, ids, 2, t, t, nullptr},
+                        &b_fp16::num_pages, &b_fp16::page_ids, fake, pages);
+  using b_fp8 = kvkit::cuda::page_batch<l_e4m3, __nv_bfloat16>;
+  const b_fp8 fp8_pages{l_e4m3(16, 8, 128), fake, 4, ids, 2, t, t, nullptr};
+  pages("fp8 without static scales", fp8_pages, false);
+  auto fp8_pages_scaled = fp8_pages;
+  fp8_pages_scaled.static_scales = scales;
+  pages("fp8 with static scales", fp8_pages_scaled, true);
+  using b_int8 = kvkit::cuda::page_batch<l_int8, __nv_bfloat16>;
+  pages("int8 (one scale a head vector) at head dim 96",
+        b_int8{l_int8(16, 8, 96), fake, 4, ids, 2, t, t, nullptr}, false);
+  pages("int8 at head dim 64", b_int8{l_int8(16, 8, 64), fake, 4, ids, 2, t, t, nullptr}, true);
+  return failed;
+}
 
 } // namespace kvkit_test

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -47,5 +48,10 @@ std::vector<kvkit::detail::scale_zero> device_int4_params(const std::vector<floa
 // Non-negative finite floats d for which the device's div15(d) differs from its division d / 15
 // (all 2^31 - 2^23 of them are tried). Negative on a CUDA error.
 std::int64_t device_div15_mismatches();
+
+// The argument checks of write_kv, quantize_pages and dequantize_pages: the name of every case
+// where validate() or a launcher decided otherwise than expected (bad layouts, counts, missing or
+// misaligned pointers, fp8 without its scales, codecs the kernels do not take). Makes no CUDA call.
+std::vector<std::string> page_validation_failures();
 
 } // namespace kvkit_test

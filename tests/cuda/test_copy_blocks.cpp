@@ -80,6 +80,6 @@ TEST_CASE("swap_blocks moves pages out to pinned host memory and back", "[cuda][
   CHECK(host == want_host);
 }
 
-TEST_CASE("page movement validates its arguments", "[cuda][copy]") {
+TEST_CASE("page movement validates its arguments", "[cuda][copy][host]") {
   CHECK(kvkit_test::copy_validation_works());
 }

@@ -792,7 +792,7 @@ TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothi
   CHECK(flagged.page_check == 1);
 }
 
-TEST_CASE("paged_decode: validate rejects bad arguments before launch", "[cuda][decode]") {
+TEST_CASE("paged_decode: validate rejects bad arguments before launch", "[cuda][decode][host]") {
   const auto accepted = kvkit_test::decode_validation_failures();
   for (const auto& name : accepted) {
     INFO("not rejected (or a good case rejected): " << name);

@@ -369,3 +369,13 @@ TEST_CASE("write_kv writes each token into its slot as the reference would", "[c
   check_write_kv<paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<128>>,
                  __nv_bfloat16>({16, 8, 128}, seed + 4, true);
 }
+
+TEST_CASE("write_kv, quantize_pages and dequantize_pages reject bad arguments before launch",
+          "[cuda][quant][host]") {
+  const auto failed = kvkit_test::page_validation_failures();
+  for (const auto& name : failed) {
+    INFO("decided otherwise than expected: " << name);
+    CHECK(false);
+  }
+  CHECK(failed.empty());
+}

@@ -34,6 +34,7 @@
 #include "kvkit/attention/options.hpp"
 #include "kvkit/block/page_table.hpp"
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/cuda/detail/aligned.cuh"
 #include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/cuda/detail/page_codecs.cuh"
 #include "kvkit/error.hpp"
@@ -141,11 +142,9 @@ template <class Layout, query_element T>
       !(o.logits_soft_cap >= 0.0F) || !std::isfinite(o.logits_soft_cap)) {
     return errc::bad_argument;
   }
-  if (a.cache == nullptr || reinterpret_cast<std::uintptr_t>(a.cache) % 16 != 0 ||
-      a.capacity <= 0 || a.q == nullptr || a.out == nullptr ||
-      reinterpret_cast<std::uintptr_t>(a.q) % 16 != 0 ||
-      reinterpret_cast<std::uintptr_t>(a.out) % 16 != 0 || a.table.indptr == nullptr ||
-      a.table.indices == nullptr || a.table.last_page_len == nullptr) {
+  if (a.cache == nullptr || !detail::aligned<16>(a.cache) || a.capacity <= 0 || a.q == nullptr ||
+      a.out == nullptr || !detail::aligned<16>(a.q) || !detail::aligned<16>(a.out) ||
+      a.table.indptr == nullptr || a.table.indices == nullptr || a.table.last_page_len == nullptr) {
     return errc::bad_argument;
   }
   if (Layout::has_static_scales && a.static_scales == nullptr) {
@@ -153,7 +152,7 @@ template <class Layout, query_element T>
   }
   if (plan.workspace_bytes() > 0 &&
       (workspace == nullptr || workspace_bytes < plan.workspace_bytes() ||
-       reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0)) {
+       !detail::aligned<16>(workspace))) {
     return errc::bad_argument;
   }
   return {};

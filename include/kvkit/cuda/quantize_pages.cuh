@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/cuda/detail/aligned.cuh"
 #include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/cuda/detail/page_codecs.cuh"
 #include "kvkit/error.hpp"
@@ -25,7 +26,8 @@ template <class T>
 concept page_element =
     std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
-//! Arguments shared by quantize_pages and dequantize_pages. All pointers are device pointers.
+//! Arguments shared by quantize_pages and dequantize_pages. All pointers are device pointers;
+//! the cache, k and v 16-byte aligned.
 template <class Layout, page_element T>
 struct page_batch {
   Layout layout;                          //!< page geometry and codecs
@@ -39,8 +41,9 @@ struct page_batch {
 };
 
 //! bad_argument unless the layout is valid and fits the kernels (head_dim a multiple of 8 and,
-//! for per-token-head codecs, 64, 128 or 256), the batch is non-negative, the pointers that the
-//! codecs need are set, and capacity > 0 when there is work.
+//! for per-token-head codecs, 64, 128 or 256), the batch is non-negative, and when there is work
+//! the pointers that the codecs need are set, the cache, k and v 16-byte aligned (the kernels move
+//! 16 bytes at a time; a misaligned access would fault on the device), and capacity > 0.
 template <class Layout, page_element T>
 [[nodiscard]] status validate(const page_batch<Layout, T>& b) {
   using K = typename Layout::k_codec;
@@ -61,7 +64,8 @@ template <class Layout, page_element T>
   }
   if (b.num_pages > 0 &&
       (b.cache == nullptr || b.page_ids == nullptr || b.k == nullptr || b.v == nullptr ||
-       b.capacity <= 0 || (Layout::has_static_scales && b.static_scales == nullptr))) {
+       b.capacity <= 0 || (Layout::has_static_scales && b.static_scales == nullptr) ||
+       !detail::aligned<16>(b.cache) || !detail::aligned<16>(b.k) || !detail::aligned<16>(b.v))) {
     return errc::bad_argument;
   }
   return {};

@@ -7,12 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvkit/cuda/detail/aligned.cuh"
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/error.hpp"
 
 namespace kvkit::cuda {
 
-//! New tokens' K and V to write into a paged cache (one layer). All pointers are device pointers.
+//! New tokens' K and V to write into a paged cache (one layer). All pointers are device pointers;
+//! the cache, k and v 16-byte aligned.
 template <class Layout, page_element T>
 struct kv_write {
   Layout layout;                       //!< page geometry and codecs (per-token codecs only)
@@ -27,8 +29,9 @@ struct kv_write {
 
 //! bad_argument unless the layout is valid, head_dim is a multiple of 8, neither codec keeps
 //! per-page parameters (a per-channel codec needs whole pages: use quantize_pages), the count is
-//! non-negative and the pointers the codecs need are set. Slots are not bounds-checked on the
-//! device: they must lie inside the cache (block_table's slot mappings do).
+//! non-negative, and the pointers the codecs need are set, the cache, k and v 16-byte aligned (the
+//! kernel moves 16 bytes at a time; a misaligned access would fault on the device). Slots are not
+//! bounds-checked on the device: they must lie inside the cache (block_table's slot mappings do).
 template <class Layout, page_element T>
 [[nodiscard]] status validate(const kv_write<Layout, T>& w) {
   using K = typename Layout::k_codec;
@@ -39,7 +42,8 @@ template <class Layout, page_element T>
   }
   if (w.num_tokens > 0 &&
       (w.cache == nullptr || w.slots == nullptr || w.k == nullptr || w.v == nullptr ||
-       w.capacity <= 0 || (Layout::has_static_scales && w.static_scales == nullptr))) {
+       w.capacity <= 0 || (Layout::has_static_scales && w.static_scales == nullptr) ||
+       !detail::aligned<16>(w.cache) || !detail::aligned<16>(w.k) || !detail::aligned<16>(w.v))) {
     return errc::bad_argument;
   }
   return {};
