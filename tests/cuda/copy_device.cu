@@ -19,7 +19,7 @@ namespace {
 
 cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                             std::int64_t bytes_per_page,
-                            const std::vector<kvkit::block_copy>& pairs) {
+                            const std::vector<kvkit::block_copy>& pairs, std::int32_t* page_check) {
   std::vector<std::byte*> ptrs(layers.size(), nullptr);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     KVKIT_CHECK(cudaMalloc(&ptrs[l], layers[l].size()));
@@ -33,11 +33,23 @@ cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
       cudaMemcpy(d_ptrs, ptrs.data(), ptrs.size() * sizeof(std::byte*), cudaMemcpyHostToDevice));
   KVKIT_CHECK(cudaMemcpy(d_pairs, pairs.data(), pairs.size() * sizeof(kvkit::block_copy),
                          cudaMemcpyHostToDevice));
-  const kvkit::cuda::page_copies c{
-      d_ptrs,         d_ptrs,  static_cast<std::int32_t>(layers.size()),
-      bytes_per_page, d_pairs, static_cast<std::int32_t>(pairs.size())};
+  kvkit::cuda::page_copies c{d_ptrs,         d_ptrs,  static_cast<std::int32_t>(layers.size()),
+                             bytes_per_page, d_pairs, static_cast<std::int32_t>(pairs.size())};
+  std::int32_t* d_flag = nullptr;
+  if (page_check != nullptr) {
+    KVKIT_CHECK(cudaMalloc(&d_flag, sizeof(std::int32_t)));
+    KVKIT_CHECK(cudaMemset(d_flag, 0, sizeof(std::int32_t)));
+    c.page_check = d_flag;
+    c.src_capacity =
+        static_cast<std::int32_t>(static_cast<std::int64_t>(layers[0].size()) / bytes_per_page);
+    c.dst_capacity = c.src_capacity;
+  }
   KVKIT_CHECK(kvkit::cuda::copy_blocks(c, nullptr));
   KVKIT_CHECK(cudaDeviceSynchronize());
+  if (page_check != nullptr) {
+    KVKIT_CHECK(cudaMemcpy(page_check, d_flag, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+    KVKIT_CHECK(cudaFree(d_flag));
+  }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     KVKIT_CHECK(cudaMemcpy(layers[l].data(), ptrs[l], layers[l].size(), cudaMemcpyDeviceToHost));
     KVKIT_CHECK(cudaFree(ptrs[l]));
@@ -100,6 +112,25 @@ bool copy_validation_works() {
   ok = ok && kvkit::cuda::validate(c).ok() && kvkit::cuda::copy_blocks(c, nullptr) == cudaSuccess;
   c.num_pairs = 3; // pointers missing
   ok = ok && kvkit::cuda::copy_blocks(c, nullptr) == cudaErrorInvalidValue;
+  // The debug mode needs both capacities (stand-in pointers: only rejected cases are launched).
+  alignas(16) static std::byte fake[64];
+  static std::byte* const layer_ptrs[1] = {fake};
+  alignas(8) static const kvkit::block_copy pairs[3] = {{0, 1}, {2, 3}, {4, 5}};
+  static std::int32_t flag = 0;
+  c.src_layers = layer_ptrs;
+  c.dst_layers = layer_ptrs;
+  c.pairs = pairs;
+  ok = ok && kvkit::cuda::validate(c).ok();
+  c.page_check = &flag;
+  c.src_capacity = 8;
+  ok = ok && kvkit::cuda::validate(c).error() == kvkit::errc::bad_argument &&
+       kvkit::cuda::copy_blocks(c, nullptr) == cudaErrorInvalidValue;
+  c.src_capacity = 0;
+  c.dst_capacity = 8;
+  ok = ok && kvkit::cuda::validate(c).error() == kvkit::errc::bad_argument &&
+       kvkit::cuda::swap_blocks(c, nullptr) == cudaErrorInvalidValue;
+  c.src_capacity = 8;
+  ok = ok && kvkit::cuda::validate(c).ok();
   return ok;
 }
 

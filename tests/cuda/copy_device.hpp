@@ -12,10 +12,12 @@
 namespace kvkit_test {
 
 // Runs copy_blocks over `layers` device caches (contents given, one vector per layer) and returns
-// them afterwards.
+// them afterwards. With `page_check`, in the debug mode (page_copies::page_check, each layer's
+// pages its capacity), whose flag it returns there.
 cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                             std::int64_t bytes_per_page,
-                            const std::vector<kvkit::block_copy>& pairs);
+                            const std::vector<kvkit::block_copy>& pairs,
+                            std::int32_t* page_check = nullptr);
 
 // Swaps `out` pairs device -> pinned host, then `in` pairs host -> device, and returns both tiers.
 cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,

@@ -93,7 +93,7 @@ template <class Layout, class T>
 device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k,
                                    const std::vector<T>& v,
                                    const std::vector<std::int32_t>& page_ids, std::int32_t capacity,
-                                   const std::vector<float>& static_scales) {
+                                   const std::vector<float>& static_scales, bool debug) {
   device_round_trip<T> out;
   const auto cache_bytes = static_cast<std::size_t>(capacity * layout.bytes_per_page());
   device_array<std::byte> cache(cache_bytes);
@@ -101,11 +101,14 @@ device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k
   device_array<T> dv(v.size());
   device_array<std::int32_t> ids(page_ids.size());
   device_array<float> scales(static_scales.size() + 1);
+  device_array<std::int32_t> flag(1);
   KVKIT_TRY(cache.err);
   KVKIT_TRY(dk.err);
   KVKIT_TRY(dv.err);
   KVKIT_TRY(ids.err);
   KVKIT_TRY(scales.err);
+  KVKIT_TRY(flag.err);
+  KVKIT_TRY(cudaMemset(flag.ptr, 0, sizeof(std::int32_t)));
   KVKIT_TRY(cudaMemset(cache.ptr, 0xA5, cache_bytes));
   KVKIT_TRY(cudaMemcpy(dk.ptr, k.data(), k.size() * sizeof(T), cudaMemcpyHostToDevice));
   KVKIT_TRY(cudaMemcpy(dv.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
@@ -115,14 +118,23 @@ device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k
   kvkit::cuda::page_batch<Layout, T> b{
       layout, cache.ptr, capacity,  ids.ptr, static_cast<std::int32_t>(page_ids.size()),
       dk.ptr, dv.ptr,    scales.ptr};
+  b.page_check = debug ? flag.ptr : nullptr;
   KVKIT_TRY(kvkit::cuda::quantize_pages(b, nullptr));
   KVKIT_TRY(cudaDeviceSynchronize());
+  if (debug) {
+    KVKIT_TRY(
+        cudaMemcpy(&out.flag_written, flag.ptr, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+    KVKIT_TRY(cudaMemset(flag.ptr, 0, sizeof(std::int32_t)));
+  }
   out.cache.resize(cache_bytes);
   KVKIT_TRY(cudaMemcpy(out.cache.data(), cache.ptr, cache_bytes, cudaMemcpyDeviceToHost));
   KVKIT_TRY(cudaMemset(dk.ptr, 0x5A, k.size() * sizeof(T)));
   KVKIT_TRY(cudaMemset(dv.ptr, 0x5A, v.size() * sizeof(T)));
   KVKIT_TRY(kvkit::cuda::dequantize_pages(b, nullptr));
   KVKIT_TRY(cudaDeviceSynchronize());
+  if (debug) {
+    KVKIT_TRY(cudaMemcpy(&out.flag_read, flag.ptr, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  }
   out.k.resize(k.size());
   out.v.resize(v.size());
   KVKIT_TRY(cudaMemcpy(out.k.data(), dk.ptr, k.size() * sizeof(T), cudaMemcpyDeviceToHost));
@@ -133,7 +145,8 @@ device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k
 template <class Layout, class T>
 device_round_trip<T> run_write_kv(const Layout& layout, const std::vector<T>& k,
                                   const std::vector<T>& v, const std::vector<std::int64_t>& slots,
-                                  std::int32_t capacity, const std::vector<float>& static_scales) {
+                                  std::int32_t capacity, const std::vector<float>& static_scales,
+                                  bool debug) {
   device_round_trip<T> out;
   const auto cache_bytes = static_cast<std::size_t>(capacity * layout.bytes_per_page());
   device_array<std::byte> cache(cache_bytes);
@@ -141,22 +154,30 @@ device_round_trip<T> run_write_kv(const Layout& layout, const std::vector<T>& k,
   device_array<T> dv(v.size());
   device_array<std::int64_t> ds(slots.size());
   device_array<float> scales(static_scales.size() + 1);
+  device_array<std::int32_t> flag(1);
   KVKIT_TRY(cache.err);
   KVKIT_TRY(dk.err);
   KVKIT_TRY(dv.err);
   KVKIT_TRY(ds.err);
   KVKIT_TRY(scales.err);
+  KVKIT_TRY(flag.err);
+  KVKIT_TRY(cudaMemset(flag.ptr, 0, sizeof(std::int32_t)));
   KVKIT_TRY(cudaMemset(cache.ptr, 0xA5, cache_bytes));
   KVKIT_TRY(cudaMemcpy(dk.ptr, k.data(), k.size() * sizeof(T), cudaMemcpyHostToDevice));
   KVKIT_TRY(cudaMemcpy(dv.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   KVKIT_TRY(cudaMemcpy(ds.ptr, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
   KVKIT_TRY(cudaMemcpy(scales.ptr, static_scales.data(), static_scales.size() * 4,
                        cudaMemcpyHostToDevice));
-  const kvkit::cuda::kv_write<Layout, T> w{
+  kvkit::cuda::kv_write<Layout, T> w{
       layout, cache.ptr, capacity,  ds.ptr, static_cast<std::int32_t>(slots.size()),
       dk.ptr, dv.ptr,    scales.ptr};
+  w.page_check = debug ? flag.ptr : nullptr;
   KVKIT_TRY(kvkit::cuda::write_kv(w, nullptr));
   KVKIT_TRY(cudaDeviceSynchronize());
+  if (debug) {
+    KVKIT_TRY(
+        cudaMemcpy(&out.flag_written, flag.ptr, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  }
   out.cache.resize(cache_bytes);
   KVKIT_TRY(cudaMemcpy(out.cache.data(), cache.ptr, cache_bytes, cudaMemcpyDeviceToHost));
   return out;
@@ -238,11 +259,11 @@ std::int64_t device_div15_mismatches() {
 #define KVKIT_WRITE_KV(LAYOUT, T)                                                                  \
   template device_round_trip<T> run_write_kv<LAYOUT, T>(                                           \
       const LAYOUT&, const std::vector<T>&, const std::vector<T>&,                                 \
-      const std::vector<std::int64_t>&, std::int32_t, const std::vector<float>&);
+      const std::vector<std::int64_t>&, std::int32_t, const std::vector<float>&, bool);
 #define KVKIT_ROUND_TRIP(LAYOUT, T)                                                                \
   template device_round_trip<T> run_on_device<LAYOUT, T>(                                          \
       const LAYOUT&, const std::vector<T>&, const std::vector<T>&,                                 \
-      const std::vector<std::int32_t>&, std::int32_t, const std::vector<float>&);
+      const std::vector<std::int32_t>&, std::int32_t, const std::vector<float>&, bool);
 
 using kvkit::kv_order;
 using kvkit::paged_layout;

@@ -17,22 +17,28 @@ struct device_round_trip {
   cudaError_t error = cudaSuccess;
   std::vector<std::byte> cache; // the whole cache after quantize_pages (poisoned elsewhere)
   std::vector<T> k, v;          // dequantize_pages of the same pages (poisoned before)
+  // In the debug mode, the page_check flag after quantize_pages (or write_kv) and after
+  // dequantize_pages, each zeroed before its launch; -1 where the mode was off.
+  std::int32_t flag_written = -1;
+  std::int32_t flag_read = -1;
 };
 
 // Quantizes `k`/`v` (num_pages pages) into a cache of `capacity` pages poisoned with 0xA5 at
-// `page_ids`, then dequantizes them into buffers poisoned with 0x5A.
+// `page_ids`, then dequantizes them into buffers poisoned with 0x5A; `debug`: both in the debug
+// mode (page_batch::page_check).
 template <class Layout, class T>
 device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k,
                                    const std::vector<T>& v,
                                    const std::vector<std::int32_t>& page_ids, std::int32_t capacity,
-                                   const std::vector<float>& static_scales);
+                                   const std::vector<float>& static_scales, bool debug = false);
 
 // write_kv of `k`/`v` (num_tokens rows) to `slots` in a cache of `capacity` pages poisoned with
-// 0xA5; returns the cache (or the error).
+// 0xA5; returns the cache (or the error). `debug`: in the debug mode (kv_write::page_check).
 template <class Layout, class T>
 device_round_trip<T> run_write_kv(const Layout& layout, const std::vector<T>& k,
                                   const std::vector<T>& v, const std::vector<std::int64_t>& slots,
-                                  std::int32_t capacity, const std::vector<float>& static_scales);
+                                  std::int32_t capacity, const std::vector<float>& static_scales,
+                                  bool debug = false);
 
 // Mismatches between kvkit's conversions run on the device and the device's own conversion
 // instructions (cvt.rn.satfinite for fp8, __float2half_rn, __float2bfloat16_rn) over `n` floats

@@ -80,6 +80,38 @@ TEST_CASE("swap_blocks moves pages out to pinned host memory and back", "[cuda][
   CHECK(host == want_host);
 }
 
+TEST_CASE("copy_blocks leaves pairs outside the caches alone in its debug mode, and flags them",
+          "[cuda][copy]") {
+  const std::uint64_t seed = kvkit_test::test_seed(47);
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  constexpr std::int64_t bytes = 4096;
+  constexpr std::int32_t pages = 24;
+  const auto layers = random_layers(2, static_cast<std::size_t>(pages * bytes), rng);
+  const std::vector<kvkit::block_copy> good{{0, 5}, {3, 9}, {7, 23}};
+  auto want = layers;
+  for (auto& l : want) {
+    for (const auto& p : good) {
+      copy_page(l, p.src, l, p.dst, bytes);
+    }
+  }
+  // Every pair inside: the same copies, and the flag stays 0.
+  auto got = layers;
+  std::int32_t flag = -1;
+  REQUIRE(kvkit_test::run_copy_blocks(got, bytes, good, &flag) == cudaSuccess);
+  CHECK(flag == 0);
+  CHECK(got == want);
+  // Pairs whose source or destination lies outside (past the end, negative) among them: those are
+  // not copied, the others are, and the flag is set.
+  auto mixed = good;
+  mixed.insert(mixed.begin() + 1, {{pages, 2}, {4, pages + 100}, {-1, 6}, {8, -7}});
+  got = layers;
+  flag = -1;
+  REQUIRE(kvkit_test::run_copy_blocks(got, bytes, mixed, &flag) == cudaSuccess);
+  CHECK(flag == 1);
+  CHECK(got == want);
+}
+
 TEST_CASE("page movement validates its arguments", "[cuda][copy][host]") {
   CHECK(kvkit_test::copy_validation_works());
 }

@@ -68,11 +68,17 @@ float coarse_value(std::mt19937_64& rng, std::size_t index, std::size_t row) {
   return r == 9 ? -0.0F : 0.5F * static_cast<float>(r - 4);
 }
 
+// The page kernels' debug mode (page_batch::page_check) in a check: off; on with every page id
+// inside the cache; on with two ids outside it (one past the cache and one negative), whose pages
+// must be left alone and the flag set.
+enum class debug_ids { off, good, bad };
+
 template <class Layout, class T>
-void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, bool coarse = false) {
+void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, bool coarse = false,
+           debug_ids debug = debug_ids::off) {
   INFO("seed " << seed << ", page_size " << layout.page_size() << ", heads "
                << layout.num_kv_heads() << ", head_dim " << layout.head_dim() << ", coarse "
-               << coarse);
+               << coarse << ", debug " << static_cast<int>(debug));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0F, 1.0F);
   std::uniform_int_distribution<int> pct(0, 999);
@@ -108,6 +114,14 @@ void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, boo
   }
   std::shuffle(ids.begin(), ids.end(), rng);
   ids.resize(static_cast<std::size_t>(num_pages));
+  if (debug == debug_ids::bad) {
+    REQUIRE(num_pages >= 3);
+    ids[0] = capacity;
+    ids[2] = -1;
+  }
+  const auto outside = [&](std::int32_t id) {
+    return id < 0 || id >= capacity;
+  };
   std::vector<float> scales(static_cast<std::size_t>(2 * layout.num_kv_heads()));
   for (auto& s : scales) {
     s = (1.0F + static_cast<float>(pct(rng)) / 100.0F) / 448.0F;
@@ -120,6 +134,14 @@ void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, boo
   std::vector<T> want_k(n), want_v(n);
   const auto per_page = static_cast<std::size_t>(layout.elements());
   for (std::int32_t p = 0; p < num_pages; ++p) {
+    if (outside(ids[static_cast<std::size_t>(p)])) {
+      // Left alone: not written to the cache, and its rows keep dequantize's poison.
+      std::memset(static_cast<void*>(want_k.data() + static_cast<std::size_t>(p) * per_page), 0x5A,
+                  per_page * sizeof(T));
+      std::memset(static_cast<void*>(want_v.data() + static_cast<std::size_t>(p) * per_page), 0x5A,
+                  per_page * sizeof(T));
+      continue;
+    }
     std::vector<float> fk(per_page), fv(per_page), dk(per_page), dv(per_page);
     for (std::size_t i = 0; i < per_page; ++i) {
       fk[i] = to_float(k[static_cast<std::size_t>(p) * per_page + i]);
@@ -139,8 +161,12 @@ void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, boo
     }
   }
 
-  const auto got = kvkit_test::run_on_device(layout, k, v, ids, capacity, scales);
+  const auto got =
+      kvkit_test::run_on_device(layout, k, v, ids, capacity, scales, debug != debug_ids::off);
   REQUIRE(got.error == cudaSuccess);
+  const std::int32_t want_flag = debug == debug_ids::off ? -1 : (debug == debug_ids::bad ? 1 : 0);
+  CHECK(got.flag_written == want_flag);
+  CHECK(got.flag_read == want_flag);
   std::size_t first_diff = want_cache.size();
   for (std::size_t i = 0; i < want_cache.size(); ++i) {
     if (got.cache[i] != want_cache[i]) {
@@ -271,9 +297,12 @@ namespace {
 // Tokens of several pages, each page filled from offset 0 to a random length, fed in shuffled
 // order with a few skipped (-1) slots; the cache must equal the reference quantizing each page's
 // tokens.
+// `debug`: in the debug mode (kv_write::page_check), first with every slot inside the cache (the
+// flag stays 0), then with two more tokens whose slots lie past it (not written, the flag set).
 template <class Layout, class T>
-void check_write_kv(const Layout& layout, std::uint64_t seed, bool expect_rejection = false) {
-  INFO("seed " << seed);
+void check_write_kv(const Layout& layout, std::uint64_t seed, bool expect_rejection = false,
+                    bool debug = false) {
+  INFO("seed " << seed << ", debug " << debug);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0F, 1.5F);
   const std::int32_t capacity = 24;
@@ -316,12 +345,11 @@ void check_write_kv(const Layout& layout, std::uint64_t seed, bool expect_reject
     }
   }
   std::vector<float> scales(static_cast<std::size_t>(2 * layout.num_kv_heads()), 3.0F / 448.0F);
-  const auto got = kvkit_test::run_write_kv(layout, k, v, slots, capacity, scales);
+  const auto got = kvkit_test::run_write_kv(layout, k, v, slots, capacity, scales, debug);
   if (expect_rejection) {
     CHECK(got.error == cudaErrorInvalidValue);
     return;
   }
-  REQUIRE(got.error == cudaSuccess);
   const auto bytes = static_cast<std::size_t>(layout.bytes_per_page());
   std::vector<std::byte> want(bytes * capacity, std::byte{0xA5});
   for (const auto& [p, n] : fill) {
@@ -338,15 +366,36 @@ void check_write_kv(const Layout& layout, std::uint64_t seed, bool expect_reject
                                             scales.data())
                 .ok());
   }
-  std::size_t first_diff = want.size();
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (got.cache[i] != want[i]) {
-      first_diff = i;
-      break;
+  const auto compare = [&](const kvkit_test::device_round_trip<T>& result, std::int32_t want_flag) {
+    REQUIRE(result.error == cudaSuccess);
+    CHECK(result.flag_written == want_flag);
+    std::size_t first_diff = want.size();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (result.cache[i] != want[i]) {
+        first_diff = i;
+        break;
+      }
     }
+    INFO("first differing byte " << first_diff);
+    CHECK(first_diff == want.size());
+  };
+  compare(got, debug ? 0 : -1);
+  if (debug) {
+    // Two tokens more, whose slots lie past the cache (the first slot after it, and one in a page
+    // further out), among the others: the cache must be what it was without them.
+    auto bad_slots = slots;
+    auto bad_k = k;
+    auto bad_v = v;
+    const std::int64_t past[] = {static_cast<std::int64_t>(capacity) * ps,
+                                 static_cast<std::int64_t>(capacity + 7) * ps + ps - 1};
+    for (std::size_t j = 0; j < 2; ++j) {
+      const std::size_t at = j == 0 ? 1 : bad_slots.size() / 2;
+      bad_slots.insert(bad_slots.begin() + static_cast<std::ptrdiff_t>(at), past[j]);
+      bad_k.insert(bad_k.begin() + static_cast<std::ptrdiff_t>(at * row), row, from_float<T>(9.0F));
+      bad_v.insert(bad_v.begin() + static_cast<std::ptrdiff_t>(at * row), row, from_float<T>(9.0F));
+    }
+    compare(kvkit_test::run_write_kv(layout, bad_k, bad_v, bad_slots, capacity, scales, true), 1);
   }
-  INFO("first differing byte " << first_diff);
-  CHECK(first_diff == want.size());
 }
 
 } // namespace
@@ -368,6 +417,26 @@ TEST_CASE("write_kv writes each token into its slot as the reference would", "[c
   // Per-channel K needs whole pages: rejected before launch.
   check_write_kv<paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<128>>,
                  __nv_bfloat16>({16, 8, 128}, seed + 4, true);
+}
+
+TEST_CASE("write_kv, quantize_pages and dequantize_pages leave pages outside the cache alone in "
+          "their debug mode, and flag them",
+          "[cuda][quant]") {
+  const std::uint64_t seed = kvkit_test::test_seed(31);
+  // Every kind of page kernel: rows (fp8 with static scales; dequantize rows for all but int4
+  // per channel), runs (int4 groups), columns (int4 per channel, quantize and dequantize).
+  for (const auto debug : {debug_ids::good, debug_ids::bad}) {
+    check<paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>({16, 8, 128}, 9, seed, false, debug);
+    check<paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>({16, 8, 128}, 7, seed + 1,
+                                                                    false, debug);
+    check<paged_layout<kvkit::int4_channel_codec, kvkit::int8_codec, kv_order::hnd>, float>(
+        {128, 2, 64}, 5, seed + 2, false, debug);
+  }
+  // write_kv through both quantizers (8-channel rows and 32-channel runs) in one launch.
+  check_write_kv<paged_layout<kvkit::fp8_e4m3_codec, kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+      {16, 8, 128}, seed + 3, false, true);
+  check_write_kv<paged_layout<kvkit::fp16_codec>, __nv_bfloat16>({16, 8, 128}, seed + 4, false,
+                                                                 true);
 }
 
 TEST_CASE("write_kv, quantize_pages and dequantize_pages reject bad arguments before launch",

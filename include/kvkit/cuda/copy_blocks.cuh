@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kvkit/block/types.hpp"
+#include "kvkit/cuda/detail/checks.cuh"
 #include "kvkit/error.hpp"
 
 namespace kvkit::cuda {
@@ -22,18 +23,25 @@ struct page_copies {
   std::int64_t bytes_per_page = 0;   //!< a multiple of 16 (paged_layout guarantees it)
   const block_copy* pairs = nullptr; //!< [num_pairs] (src page, dst page)
   std::int32_t num_pairs = 0;
+  //! Debug mode when set (a device int): every pair's src is checked against [0, src_capacity)
+  //! and its dst against [0, dst_capacity); a bad pair sets *page_check to 1 and is not copied.
+  std::int32_t* page_check = nullptr;
+  std::int32_t src_capacity = 0; //!< pages in each source cache (the debug mode's bound)
+  std::int32_t dst_capacity = 0; //!< pages in each destination cache (the debug mode's bound)
 };
 
 //! bad_argument for a non-positive layer count or page size, a page size that is not a multiple
-//! of 16, a negative pair count, or null pointers when there is work. Page ids are not checked on
-//! the device: they must lie inside both caches, and no page may be both a source and a
-//! destination of one batch (block_table's copy lists never are).
+//! of 16, a negative pair count, null pointers when there is work, or the debug mode without
+//! positive capacities. Page ids must lie inside both caches (checked on the device only in the
+//! debug mode, page_copies::page_check), and no page may be both a source and a destination of one
+//! batch (block_table's copy lists never are).
 [[nodiscard]] inline status validate(const page_copies& c) {
   if (c.num_layers <= 0 || c.bytes_per_page <= 0 || c.bytes_per_page % 16 != 0 || c.num_pairs < 0) {
     return errc::bad_argument;
   }
   if (c.num_pairs > 0 &&
-      (c.src_layers == nullptr || c.dst_layers == nullptr || c.pairs == nullptr)) {
+      (c.src_layers == nullptr || c.dst_layers == nullptr || c.pairs == nullptr ||
+       (c.page_check != nullptr && (c.src_capacity <= 0 || c.dst_capacity <= 0)))) {
     return errc::bad_argument;
   }
   return {};
@@ -47,6 +55,10 @@ namespace detail {
 template <int = 0>
 __global__ void copy_pages_kernel(page_copies c) {
   const block_copy pair = c.pairs[blockIdx.x];
+  if (page_guard{c.src_capacity, c.page_check}.rejects(pair.src) ||
+      page_guard{c.dst_capacity, c.page_check}.rejects(pair.dst)) {
+    return;
+  }
   const auto layer = static_cast<std::int32_t>(blockIdx.y);
   const auto* src =
       reinterpret_cast<const uint4*>(c.src_layers[layer] + pair.src * c.bytes_per_page);

@@ -34,7 +34,7 @@
 #include "kvkit/attention/options.hpp"
 #include "kvkit/block/page_table.hpp"
 #include "kvkit/concepts/kv_codec.hpp"
-#include "kvkit/cuda/detail/aligned.cuh"
+#include "kvkit/cuda/detail/checks.cuh"
 #include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/cuda/detail/page_codecs.cuh"
 #include "kvkit/error.hpp"

@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "kvkit/concepts/kv_codec.hpp"
-#include "kvkit/cuda/detail/aligned.cuh"
+#include "kvkit/cuda/detail/checks.cuh"
 #include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/cuda/detail/page_codecs.cuh"
 #include "kvkit/error.hpp"
@@ -38,6 +38,10 @@ struct page_batch {
   T* k = nullptr;                         //!< [num_pages][page_size][kv_heads][head_dim]
   T* v = nullptr;                         //!< same shape as k
   const float* static_scales = nullptr;   //!< [2][kv_heads]: K's then V's (fp8 codecs)
+  //! Debug mode when set (a device int): every page id is checked against [0, capacity); a bad
+  //! one sets *page_check to 1 and its page is left alone (quantize_pages does not write it,
+  //! dequantize_pages does not read it and leaves its rows of k and v as they were).
+  std::int32_t* page_check = nullptr;
 };
 
 //! bad_argument unless the layout is valid and fits the kernels (head_dim a multiple of 8 and,
@@ -218,30 +222,37 @@ struct page_rows {
   __device__ row_ref<T> row(int u) const {
     return {u < tokens ? first + u * row_elems : nullptr, dest, token0 + u};
   }
-  // The rows of this CTA: page blockIdx.x of the batch, tokens from blockIdx.y * tokens_per_cta.
+  // The rows of this CTA: page blockIdx.x of the batch (cache page `page_id`), tokens from
+  // blockIdx.y * tokens_per_cta.
   template <class Layout>
   __device__ static page_rows of_block(const Layout& l, const T* src, std::byte* cache,
-                                       const std::int32_t* page_ids) {
+                                       std::int32_t page_id) {
     const auto page_index = static_cast<std::int32_t>(blockIdx.x);
     const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
     const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
     return {src + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems,
             row_elems, token0,
             l.page_size() - token0 < tokens_per_cta ? l.page_size() - token0 : tokens_per_cta,
-            cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page()};
+            cache + static_cast<std::int64_t>(page_id) * l.bytes_per_page()};
   }
 };
 
 template <kv_codec C, class Layout, class T>
 __global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
                                      const std::int32_t* page_ids, std::int64_t data_offset,
-                                     const float* scales) {
-  const auto rows = page_rows<T>::of_block(l, src, cache, page_ids);
+                                     const float* scales, page_guard guard) {
+  const std::int32_t page_id = page_ids[blockIdx.x];
+  if (guard.rejects(page_id)) {
+    return;
+  }
+  const auto rows = page_rows<T>::of_block(l, src, cache, page_id);
   quantize_token_rows<C>(l, rows, data_offset, scales);
 }
 
 // Rows of new tokens, each to its own slot (`block * page_size + offset`; negative: skip).
-template <class T>
+// `Checked`: in the debug mode, slots at or past slot_limit (page_guard::slot_limit) are skipped
+// too; the unchecked rows are the kernels' own, unchanged by the mode.
+template <class T, bool Checked>
 struct slot_rows {
   const T* first;
   std::int64_t row_elems;
@@ -251,9 +262,13 @@ struct slot_rows {
   std::byte* cache;
   std::int64_t bytes_per_page;
   std::int32_t page_size;
+  std::int64_t slot_limit;
   __device__ row_ref<T> row(int u) const {
     const std::int64_t slot = first_token + u < num_tokens ? slots[first_token + u] : -1;
-    if (slot < 0) {
+    // Negative slots (padding) and, checked, slots past the cache (negative ones as unsigned are
+    // past it too).
+    if (Checked ? static_cast<std::uint64_t>(slot) >= static_cast<std::uint64_t>(slot_limit)
+                : slot < 0) {
       return {nullptr, nullptr, 0};
     }
     // The slot's page and offset without a 64-bit division where a shift or a 32-bit one will do.
@@ -278,12 +293,16 @@ struct slot_rows {
 template <kv_codec C, class Layout, class T>
 __global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
                                        const std::int32_t* page_ids, std::int64_t data_offset,
-                                       std::int64_t param_offset, T* dst, const float* scales) {
+                                       std::int64_t param_offset, T* dst, const float* scales,
+                                       page_guard guard) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
+  const std::int32_t page_id = page_ids[page_index];
+  if (guard.rejects(page_id)) {
+    return;
+  }
   const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
   const std::int32_t tokens = min(tokens_per_cta, l.page_size() - token0);
-  const std::byte* page =
-      cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+  const std::byte* page = cache + static_cast<std::int64_t>(page_id) * l.bytes_per_page();
   const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8);
   const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
   const std::int32_t row_elems = l.num_kv_heads() * l.head_dim();
@@ -498,8 +517,12 @@ __device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int6
 template <kv_codec C, class Layout, class T>
 __global__ void __maxnreg__(run_kernel_registers<T>)
     quantize_runs_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
-                         std::int64_t data_offset, std::int64_t param_offset) {
-  const auto rows = page_rows<T>::of_block(l, src, cache, page_ids);
+                         std::int64_t data_offset, std::int64_t param_offset, page_guard guard) {
+  const std::int32_t page_id = page_ids[blockIdx.x];
+  if (guard.rejects(page_id)) {
+    return;
+  }
+  const auto rows = page_rows<T>::of_block(l, src, cache, page_id);
   quantize_token_runs<C>(l, rows, data_offset, param_offset);
 }
 
@@ -508,15 +531,24 @@ template <kv_codec C>
 inline constexpr bool quantized_by_runs =
     C::scaling == kv_scaling::per_token_head || C::scaling == kv_scaling::per_token_group;
 
-// write_kv, one region (K or V): the CTA's tokens_per_cta new tokens, each to its own slot.
-template <kv_codec C, class Layout, class T>
+// write_kv, one region (K or V): the CTA's tokens_per_cta new tokens, each to its own slot;
+// `Checked`: in the debug mode (`guard`).
+template <kv_codec C, bool Checked, class Layout, class T>
 __device__ void write_region(const Layout& l, const T* src, const std::int64_t* slots,
                              std::int32_t num_tokens, std::byte* cache, std::int64_t data_offset,
-                             std::int64_t param_offset, const float* scales) {
+                             std::int64_t param_offset, const float* scales, page_guard guard) {
   const auto first = static_cast<std::int32_t>(blockIdx.x) * tokens_per_cta;
   const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
-  const slot_rows<T> rows{src + first * row_elems, row_elems,    slots, first, num_tokens, cache,
-                          l.bytes_per_page(),      l.page_size()};
+  const std::int64_t slot_limit = guard.slot_limit(l.page_size());
+  // The debug mode's flag, a thread per token (the rows skip such slots on their own).
+  if (Checked && threadIdx.x < tokens_per_cta &&
+      first + static_cast<std::int32_t>(threadIdx.x) < num_tokens &&
+      slots[first + static_cast<std::int32_t>(threadIdx.x)] >= slot_limit) {
+    atomicExch(guard.flag, 1);
+  }
+  const slot_rows<T, Checked> rows{
+      src + first * row_elems, row_elems,     slots,     first, num_tokens, cache,
+      l.bytes_per_page(),      l.page_size(), slot_limit};
   if constexpr (quantized_by_runs<C>) {
     quantize_token_runs<C>(l, rows, data_offset, param_offset);
   } else if constexpr (C::scaling != kv_scaling::per_page_channel) {
@@ -531,17 +563,21 @@ inline constexpr int write_kv_registers =
     quantized_by_runs<KC>&& quantized_by_runs<VC> ? run_kernel_registers<T> : 48;
 
 // write_kv in one launch: blockIdx.y 0 writes K, 1 writes V. Both regions' CTAs need the same
-// threads (tokens_per_cta runs of 32 channels = one chunk of 8 per thread per token).
-template <kv_codec KC, kv_codec VC, class Layout, class T>
+// threads (tokens_per_cta runs of 32 channels = one chunk of 8 per thread per token). `Checked`:
+// the debug mode's build (`guard` has a flag), a kernel of its own so that the checks of every
+// row cost the ordinary one nothing.
+template <kv_codec KC, kv_codec VC, bool Checked, class Layout, class T>
 __global__ void __maxnreg__((write_kv_registers<KC, VC, T>))
     write_kv_kernel(Layout l, const T* k, const T* v, const std::int64_t* slots,
-                    std::int32_t num_tokens, std::byte* cache, const float* static_scales) {
+                    std::int32_t num_tokens, std::byte* cache, const float* static_scales,
+                    page_guard guard) {
   if (blockIdx.y == 0) {
-    write_region<KC>(l, k, slots, num_tokens, cache, l.k_data_offset(), l.k_param_offset(),
-                     static_scales);
+    write_region<KC, Checked>(l, k, slots, num_tokens, cache, l.k_data_offset(), l.k_param_offset(),
+                              static_scales, guard);
   } else {
-    write_region<VC>(l, v, slots, num_tokens, cache, l.v_data_offset(), l.v_param_offset(),
-                     static_scales == nullptr ? nullptr : static_scales + l.num_kv_heads());
+    write_region<VC, Checked>(l, v, slots, num_tokens, cache, l.v_data_offset(), l.v_param_offset(),
+                              static_scales == nullptr ? nullptr : static_scales + l.num_kv_heads(),
+                              guard);
   }
 }
 
@@ -575,12 +611,16 @@ __device__ inline void widen_quad(const quad_raw<T>& r, float (&x)[4]) {
 template <kv_codec C, class Layout, class T>
 __global__ void __maxnreg__(72)
     quantize_columns_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
-                            std::int64_t data_offset, std::int64_t param_offset) {
+                            std::int64_t data_offset, std::int64_t param_offset, page_guard guard) {
   static_assert(C::bits == 4 && C::param_bytes == 4);
   constexpr int held = sizeof(T) == 4 ? 8 : 16; // tokens kept in 32 registers
   constexpr int batch = 8; // tokens whose loads are in flight together, longer pages
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
-  std::byte* page = cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+  const std::int32_t page_id = page_ids[page_index];
+  if (guard.rejects(page_id)) {
+    return;
+  }
+  std::byte* page = cache + static_cast<std::int64_t>(page_id) * l.bytes_per_page();
   const T* base = src + static_cast<std::int64_t>(page_index) * l.elements();
   const std::int32_t dim = l.head_dim();
   const std::int32_t tokens = l.page_size();
@@ -744,10 +784,13 @@ __global__ void __maxnreg__(72)
 template <kv_codec C, class Layout, class T>
 __global__ void dequantize_columns_kernel(Layout l, const std::byte* cache,
                                           const std::int32_t* page_ids, std::int64_t data_offset,
-                                          std::int64_t param_offset, T* dst) {
+                                          std::int64_t param_offset, T* dst, page_guard guard) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
-  const std::byte* page =
-      cache + static_cast<std::int64_t>(page_ids[page_index]) * l.bytes_per_page();
+  const std::int32_t page_id = page_ids[page_index];
+  if (guard.rejects(page_id)) {
+    return;
+  }
+  const std::byte* page = cache + static_cast<std::int64_t>(page_id) * l.bytes_per_page();
   T* base = dst + static_cast<std::int64_t>(page_index) * l.elements();
   const std::int32_t heads = l.num_kv_heads();
   const std::int32_t dim = l.head_dim();
@@ -818,6 +861,7 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
                           std::int64_t param_offset, const float* scales, cudaStream_t stream) {
   const Layout& l = b.layout;
   const auto pages = static_cast<unsigned>(b.num_pages);
+  const page_guard guard{b.capacity, b.page_check};
   if constexpr (C::scaling == kv_scaling::per_page_channel) {
     const unsigned threads =
         threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
@@ -827,10 +871,10 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
       const unsigned quad_threads = threads_for(quads);
       const dim3 grid(pages, static_cast<unsigned>((quads + quad_threads - 1) / quad_threads));
       quantize_columns_kernel<C><<<grid, quad_threads, 0, stream>>>(
-          l, elements, b.cache, b.page_ids, data_offset, param_offset);
+          l, elements, b.cache, b.page_ids, data_offset, param_offset, guard);
     } else {
       dequantize_columns_kernel<C><<<pages, threads, 0, stream>>>(
-          l, b.cache, b.page_ids, data_offset, param_offset, elements);
+          l, b.cache, b.page_ids, data_offset, param_offset, elements, guard);
     }
   } else {
     const unsigned threads =
@@ -838,14 +882,14 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
     const dim3 grid(pages,
                     static_cast<unsigned>((l.page_size() + tokens_per_cta - 1) / tokens_per_cta));
     if constexpr (Quantize && quantized_by_runs<C>) {
-      quantize_runs_kernel<C><<<grid, run_threads(l), 0, stream>>>(l, elements, b.cache, b.page_ids,
-                                                                   data_offset, param_offset);
+      quantize_runs_kernel<C><<<grid, run_threads(l), 0, stream>>>(
+          l, elements, b.cache, b.page_ids, data_offset, param_offset, guard);
     } else if constexpr (Quantize) {
-      quantize_rows_kernel<C>
-          <<<grid, threads, 0, stream>>>(l, elements, b.cache, b.page_ids, data_offset, scales);
+      quantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
+                                                            data_offset, scales, guard);
     } else {
-      dequantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, b.cache, b.page_ids, data_offset,
-                                                              param_offset, elements, scales);
+      dequantize_rows_kernel<C><<<grid, threads, 0, stream>>>(
+          l, b.cache, b.page_ids, data_offset, param_offset, elements, scales, guard);
     }
   }
   return cudaGetLastError();
@@ -868,8 +912,8 @@ cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
 
 //! Quantizes whole pages: `b.k` and `b.v` hold `b.num_pages` pages of K and V, written into
 //! cache pages `b.page_ids`, scales included. Asynchronous on `stream`; returns the validation
-//! error or the launch's error. Page ids are not bounds-checked on the device: ids must be in
-//! 0 .. capacity-1 (a block_table's pages are).
+//! error or the launch's error. Page ids must be in 0 .. capacity-1 (a block_table's pages are);
+//! they are checked on the device only in the debug mode (page_batch::page_check).
 template <class Layout, page_element T>
 [[nodiscard]] cudaError_t quantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
   if (!validate(b).ok()) {

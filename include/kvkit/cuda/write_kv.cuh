@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kvkit/cuda/detail/aligned.cuh"
+#include "kvkit/cuda/detail/checks.cuh"
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/error.hpp"
 
@@ -25,13 +25,17 @@ struct kv_write {
   const T* k = nullptr;                 //!< [num_tokens][kv_heads][head_dim]
   const T* v = nullptr;                 //!< same shape as k
   const float* static_scales = nullptr; //!< [2][kv_heads]: K's then V's (fp8 codecs)
+  //! Debug mode when set (a device int): every slot's page is checked against [0, capacity); a
+  //! token whose slot lies past the cache sets *page_check to 1 and is not written.
+  std::int32_t* page_check = nullptr;
 };
 
 //! bad_argument unless the layout is valid, head_dim is a multiple of 8, neither codec keeps
 //! per-page parameters (a per-channel codec needs whole pages: use quantize_pages), the count is
 //! non-negative, and the pointers the codecs need are set, the cache, k and v 16-byte aligned (the
-//! kernel moves 16 bytes at a time; a misaligned access would fault on the device). Slots are not
-//! bounds-checked on the device: they must lie inside the cache (block_table's slot mappings do).
+//! kernel moves 16 bytes at a time; a misaligned access would fault on the device). Slots must lie
+//! inside the cache (block_table's slot mappings do); they are checked on the device only in the
+//! debug mode (kv_write::page_check).
 template <class Layout, page_element T>
 [[nodiscard]] status validate(const kv_write<Layout, T>& w) {
   using K = typename Layout::k_codec;
@@ -66,8 +70,16 @@ template <class Layout, page_element T>
       2);
   const unsigned threads =
       detail::threads_for(static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 8);
-  detail::write_kv_kernel<typename Layout::k_codec, typename Layout::v_codec>
-      <<<grid, threads, 0, stream>>>(l, w.k, w.v, w.slots, w.num_tokens, w.cache, w.static_scales);
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  const detail::page_guard guard{w.capacity, w.page_check};
+  if (w.page_check != nullptr) {
+    detail::write_kv_kernel<K, V, true><<<grid, threads, 0, stream>>>(
+        l, w.k, w.v, w.slots, w.num_tokens, w.cache, w.static_scales, guard);
+  } else {
+    detail::write_kv_kernel<K, V, false><<<grid, threads, 0, stream>>>(
+        l, w.k, w.v, w.slots, w.num_tokens, w.cache, w.static_scales, guard);
+  }
   return cudaGetLastError();
 }
 

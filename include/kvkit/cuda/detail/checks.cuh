@@ -1,0 +1,41 @@
+#pragma once
+//! Checks shared by the launchers: pointer alignment, which validate() checks on the host before
+//! any kernel makes vector accesses through a pointer, and the debug mode's page id check, which
+//! the page kernels make on the device.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvkit::cuda::detail {
+
+//! Whether `p` is a multiple of `Bytes` (a power of two); a null pointer is (null pointers are
+//! checked on their own).
+template <std::size_t Bytes>
+[[nodiscard]] inline bool aligned(const void* p) {
+  static_assert(Bytes > 0 && (Bytes & (Bytes - 1)) == 0, "a power of two");
+  return reinterpret_cast<std::uintptr_t>(p) % Bytes == 0;
+}
+
+//! The debug mode of a kernel that takes page ids (`flag` set): an id outside [0, capacity) sets
+//! *flag to 1, and the kernel leaves that page alone instead of touching memory outside the
+//! cache. Without a flag every id is taken as it is.
+struct page_guard {
+  std::int32_t capacity = 0;
+  std::int32_t* flag = nullptr;
+
+  //! Whether `page` is to be left alone (the flag then set).
+  __device__ bool rejects(std::int64_t page) const {
+    if (flag != nullptr && (page < 0 || page >= capacity)) {
+      atomicExch(flag, 1);
+      return true;
+    }
+    return false;
+  }
+  //! For slots (`page * page_size + offset`) in pages of `page_size` tokens: the first slot past
+  //! the cache in the debug mode, else the largest slot there is.
+  __device__ std::int64_t slot_limit(std::int32_t page_size) const {
+    return flag != nullptr ? static_cast<std::int64_t>(capacity) * page_size : INT64_MAX;
+  }
+};
+
+} // namespace kvkit::cuda::detail
