@@ -19,7 +19,8 @@ namespace {
 
 cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                             std::int64_t bytes_per_page,
-                            const std::vector<kvkit::block_copy>& pairs, std::int32_t* page_check) {
+                            const std::vector<kvkit::block_copy>& pairs, std::int32_t* page_check,
+                            std::int32_t dst_capacity) {
   std::vector<std::byte*> ptrs(layers.size(), nullptr);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     KVKIT_CHECK(cudaMalloc(&ptrs[l], layers[l].size()));
@@ -42,7 +43,7 @@ cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
     c.page_check = d_flag;
     c.src_capacity =
         static_cast<std::int32_t>(static_cast<std::int64_t>(layers[0].size()) / bytes_per_page);
-    c.dst_capacity = c.src_capacity;
+    c.dst_capacity = dst_capacity > 0 ? dst_capacity : c.src_capacity;
   }
   KVKIT_CHECK(kvkit::cuda::copy_blocks(c, nullptr));
   KVKIT_CHECK(cudaDeviceSynchronize());

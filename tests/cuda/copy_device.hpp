@@ -12,12 +12,13 @@
 namespace kvkit_test {
 
 // Runs copy_blocks over `layers` device caches (contents given, one vector per layer) and returns
-// them afterwards. With `page_check`, in the debug mode (page_copies::page_check, each layer's
-// pages its capacity), whose flag it returns there.
+// them afterwards. With `page_check`, in the debug mode (page_copies::page_check), whose flag it
+// returns there: the sources' capacity is each layer's pages, the destinations' `dst_capacity`
+// (0: the same).
 cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                             std::int64_t bytes_per_page,
                             const std::vector<kvkit::block_copy>& pairs,
-                            std::int32_t* page_check = nullptr);
+                            std::int32_t* page_check = nullptr, std::int32_t dst_capacity = 0);
 
 // Swaps `out` pairs device -> pinned host, then `in` pairs host -> device, and returns both tiers.
 cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,

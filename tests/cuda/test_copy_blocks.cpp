@@ -110,6 +110,18 @@ TEST_CASE("copy_blocks leaves pairs outside the caches alone in its debug mode, 
   REQUIRE(kvkit_test::run_copy_blocks(got, bytes, mixed, &flag) == cudaSuccess);
   CHECK(flag == 1);
   CHECK(got == want);
+  // Each bound for its own side: with destinations held to the first pages - 4, a source past
+  // them is copied, a destination past them is not.
+  const std::vector<kvkit::block_copy> bounds{{pages - 2, 1}, {2, pages - 2}};
+  want = layers;
+  for (auto& l : want) {
+    copy_page(l, pages - 2, l, 1, bytes);
+  }
+  got = layers;
+  flag = -1;
+  REQUIRE(kvkit_test::run_copy_blocks(got, bytes, bounds, &flag, pages - 4) == cudaSuccess);
+  CHECK(flag == 1);
+  CHECK(got == want);
 }
 
 TEST_CASE("page movement validates its arguments", "[cuda][copy][host]") {

@@ -26,7 +26,8 @@ struct kv_write {
   const T* v = nullptr;                 //!< same shape as k
   const float* static_scales = nullptr; //!< [2][kv_heads]: K's then V's (fp8 codecs)
   //! Debug mode when set (a device int): every slot's page is checked against [0, capacity); a
-  //! token whose slot lies past the cache sets *page_check to 1 and is not written.
+  //! token whose slot lies past the cache sets *page_check to 1 and is not written. Negative
+  //! slots are padding, skipped in either mode and never flagged.
   std::int32_t* page_check = nullptr;
 };
 
