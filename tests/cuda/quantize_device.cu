@@ -343,6 +343,30 @@ void shared_argument_cases(const Args& good, std::int32_t Args::*count, Ids Args
   with("misaligned v", false, [](Args& a) { a.v += 4; });
 }
 
+// An fp8 cache's arguments `a` without their static scales (rejected), then with `scales`.
+template <class Args, class Check>
+void static_scale_cases(Args a, const float* scales, Check&& check) {
+  check("fp8 without static scales", a, false);
+  a.static_scales = scales;
+  check("fp8 with static scales", a, true);
+}
+
+// Whether validate()'s verdict on `a` is `expect_ok` and each launcher agrees: it refuses a
+// rejected case (cudaErrorInvalidValue) and returns success without a launch for an accepted one
+// without work (`has_work` false). An accepted case with work is not launched (the pointers are
+// stand-ins).
+template <class Args, class... Launchers>
+bool launchers_agree(const Args& a, bool expect_ok, bool has_work, Launchers... launch) {
+  if (kvkit::cuda::validate(a).ok() != expect_ok) {
+    return false;
+  }
+  if (expect_ok && has_work) {
+    return true;
+  }
+  const cudaError_t want = expect_ok ? cudaSuccess : cudaErrorInvalidValue;
+  return ((launch(a) == want) && ...);
+}
+
 } // namespace
 
 std::vector<std::string> page_validation_failures() {
@@ -355,14 +379,9 @@ std::vector<std::string> page_validation_failures() {
   auto* slots = reinterpret_cast<std::int64_t*>(fake);
   auto* scales = reinterpret_cast<float*>(fake);
 
-  // write_kv: validate's verdict, and the launcher's refusal of each rejected case (an accepted
-  // one without work returns success without a launch).
   const auto write = [&](const char* name, const auto& w, bool expect_ok) {
-    const bool ok = kvkit::cuda::validate(w).ok();
-    const bool launcher_agrees =
-        expect_ok ? w.num_tokens > 0 || kvkit::cuda::write_kv(w, nullptr) == cudaSuccess
-                  : kvkit::cuda::write_kv(w, nullptr) == cudaErrorInvalidValue;
-    if (ok != expect_ok || !launcher_agrees) {
+    if (!launchers_agree(w, expect_ok, w.num_tokens > 0,
+                         [](const auto& a) { return kvkit::cuda::write_kv(a, nullptr); })) {
       failed.emplace_back(std::string("write_kv: ") + name);
     }
   };
@@ -370,23 +389,17 @@ std::vector<std::string> page_validation_failures() {
   shared_argument_cases(w_fp16{l_fp16(16, 8, 128), fake, 4, slots, 3, t, t, nullptr},
                         &w_fp16::num_tokens, &w_fp16::slots, fake, write);
   using w_fp8 = kvkit::cuda::kv_write<l_e4m3_g32, __nv_bfloat16>;
-  const w_fp8 fp8{l_e4m3_g32(16, 8, 128), fake, 4, slots, 3, t, t, nullptr};
-  write("fp8 K without static scales", fp8, false);
-  auto fp8_scaled = fp8;
-  fp8_scaled.static_scales = scales;
-  write("fp8 K with static scales", fp8_scaled, true);
+  static_scale_cases(w_fp8{l_e4m3_g32(16, 8, 128), fake, 4, slots, 3, t, t, nullptr}, scales,
+                     write);
   using w_kivi = kvkit::cuda::kv_write<l_kivi, __nv_bfloat16>;
   write("per-channel K", w_kivi{l_kivi(16, 8, 128), fake, 4, slots, 3, t, t, nullptr}, false);
 
   // quantize_pages and dequantize_pages: one validate, two launchers.
   const auto pages = [&](const char* name, const auto& b, bool expect_ok) {
-    const bool ok = kvkit::cuda::validate(b).ok();
-    const bool launchers_agree =
-        expect_ok ? b.num_pages > 0 || (kvkit::cuda::quantize_pages(b, nullptr) == cudaSuccess &&
-                                        kvkit::cuda::dequantize_pages(b, nullptr) == cudaSuccess)
-                  : kvkit::cuda::quantize_pages(b, nullptr) == cudaErrorInvalidValue &&
-                        kvkit::cuda::dequantize_pages(b, nullptr) == cudaErrorInvalidValue;
-    if (ok != expect_ok || !launchers_agree) {
+    if (!launchers_agree(
+            b, expect_ok, b.num_pages > 0,
+            [](const auto& a) { return kvkit::cuda::quantize_pages(a, nullptr); },
+            [](const auto& a) { return kvkit::cuda::dequantize_pages(a, nullptr); })) {
       failed.emplace_back(std::string("quantize_pages: ") + name);
     }
   };
@@ -394,11 +407,7 @@ std::vector<std::string> page_validation_failures() {
   shared_argument_cases(b_fp16{l_fp16(16, 8, 128), fake, 4, ids, 2, t, t, nullptr},
                         &b_fp16::num_pages, &b_fp16::page_ids, fake, pages);
   using b_fp8 = kvkit::cuda::page_batch<l_e4m3, __nv_bfloat16>;
-  const b_fp8 fp8_pages{l_e4m3(16, 8, 128), fake, 4, ids, 2, t, t, nullptr};
-  pages("fp8 without static scales", fp8_pages, false);
-  auto fp8_pages_scaled = fp8_pages;
-  fp8_pages_scaled.static_scales = scales;
-  pages("fp8 with static scales", fp8_pages_scaled, true);
+  static_scale_cases(b_fp8{l_e4m3(16, 8, 128), fake, 4, ids, 2, t, t, nullptr}, scales, pages);
   using b_int8 = kvkit::cuda::page_batch<l_int8, __nv_bfloat16>;
   pages("int8 (one scale a head vector) at head dim 96",
         b_int8{l_int8(16, 8, 96), fake, 4, ids, 2, t, t, nullptr}, false);
