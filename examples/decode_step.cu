@@ -1,7 +1,8 @@
 // One decode step on the GPU, end to end: a block_table hands out pages for four sequences of
 // different lengths, write_kv stores their K/V (quantized to fp8 e4m3 on the fly), and
 // paged_decode runs attention for one new query token per sequence over the CSR page table.
-// The result is checked against kvkit::reference::paged_decode on a copy of the cache.
+// The result is checked against kvkit::reference::paged_decode on a copy of the cache. Both
+// kernels run in the debug mode (page_check), which checks every page id against the cache.
 // Without a GPU it says so and exits 0 (the serving simulation shows the CPU path).
 
 #include <cuda_bf16.h>
@@ -114,9 +115,17 @@ int main() {
     return 1;
   }
 
+  // The debug mode, as an engine's debug build would run it: every kernel checks each page id
+  // (and write_kv each slot) against the cache's capacity, and sets this flag instead of touching
+  // memory outside the cache.
+  std::int32_t* d_page_check = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_page_check, sizeof(std::int32_t)));
+  CHECK_CUDA(cudaMemset(d_page_check, 0, sizeof(std::int32_t)));
+
   // 4. write_kv: K and V into their slots, quantized to fp8 with the static scales.
-  const kvkit::cuda::kv_write<layout_t, __nv_bfloat16> w{layout, cache, capacity, d_slots,
-                                                         total,  d_k,   d_v,      d_scales};
+  kvkit::cuda::kv_write<layout_t, __nv_bfloat16> w{layout, cache, capacity, d_slots,
+                                                   total,  d_k,   d_v,      d_scales};
+  w.page_check = d_page_check;
   CHECK_CUDA(kvkit::cuda::write_kv(w, nullptr));
 
   // 5. paged_decode: plan on the host (the lengths are known there); the workspace needs no
@@ -140,8 +149,11 @@ int main() {
   a.q = d_q;
   a.out = d_out;
   a.static_scales = d_scales;
+  a.page_check = d_page_check;
   CHECK_CUDA(kvkit::cuda::paged_decode(a, *plan, workspace, plan->workspace_bytes(), nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
+  std::int32_t page_check = 0;
+  CHECK_CUDA(cudaMemcpy(&page_check, d_page_check, sizeof(page_check), cudaMemcpyDeviceToHost));
 
   // 6. The same attention on the CPU from a copy of the cache.
   std::vector<std::byte> host_cache(static_cast<std::size_t>(capacity) * layout.bytes_per_page());
@@ -167,13 +179,15 @@ int main() {
   }
   const double rel = std::sqrt(num / den);
   std::printf("decode_step: %zu sequences (lengths 1, 37, 900, 4000), %d pages used, fp8 e4m3 KV, "
-              "%d splits at most; relative error vs the CPU reference %.2e\n",
-              batch.size(), pool.num_used(), plan->max_splits, rel);
-  for (void* p : {static_cast<void*>(cache), static_cast<void*>(d_slots), static_cast<void*>(d_k),
-                  static_cast<void*>(d_v), static_cast<void*>(d_q), static_cast<void*>(d_scales),
-                  static_cast<void*>(d_indptr), static_cast<void*>(d_indices),
-                  static_cast<void*>(d_last), static_cast<void*>(d_out), workspace}) {
+              "%d splits at most; relative error vs the CPU reference %.2e; page ids %s\n",
+              batch.size(), pool.num_used(), plan->max_splits, rel,
+              page_check == 0 ? "all inside the cache" : "OUTSIDE the cache (debug flag set)");
+  for (void* p :
+       {static_cast<void*>(cache), static_cast<void*>(d_slots), static_cast<void*>(d_k),
+        static_cast<void*>(d_v), static_cast<void*>(d_q), static_cast<void*>(d_scales),
+        static_cast<void*>(d_indptr), static_cast<void*>(d_indices), static_cast<void*>(d_last),
+        static_cast<void*>(d_out), workspace, static_cast<void*>(d_page_check)}) {
     cudaFree(p);
   }
-  return rel < 1e-2 ? 0 : 1;
+  return rel < 1e-2 && page_check == 0 ? 0 : 1;
 }
