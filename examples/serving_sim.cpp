@@ -56,6 +56,7 @@ struct options {
   double follow_up_share = 0.3;           // requests that continue an earlier conversation
   double system_prompt_share = 0.8; // new conversations that start with a shared system prompt
   bool prefix_cache = true;
+  bool check_pages = false; // the GPU kernels in their debug mode (page ids checked on the device)
   bool quiet = false;
   std::string engine = "auto"; // auto: the GPU when there is one; gpu; cpu
   std::string csv;             // per-step series of both runs, for plots
@@ -170,7 +171,7 @@ Cache make_cache(kvkit::block_pool& pool, std::int32_t block_size) {
 #if !defined(KVKIT_SIM_GPU)
 } // namespace
 namespace sim {
-std::unique_ptr<engine> make_gpu_engine(std::int32_t, std::int32_t, model_shape, std::int32_t,
+std::unique_ptr<engine> make_gpu_engine(std::int32_t, std::int32_t, model_shape, std::int32_t, bool,
                                         std::string& why) {
   why = "this build has no CUDA";
   return nullptr;
@@ -184,7 +185,8 @@ namespace {
 std::unique_ptr<sim::engine> make_engine(const options& o, std::int32_t capacity) {
   std::string why = "--engine cpu";
   if (o.engine != "cpu") {
-    auto gpu = sim::make_gpu_engine(capacity, o.block_size, {8, 4, 128}, o.max_running, why);
+    auto gpu = sim::make_gpu_engine(capacity, o.block_size, {8, 4, 128}, o.max_running,
+                                    o.check_pages, why);
     if (gpu != nullptr) {
       return gpu;
     }
@@ -424,6 +426,10 @@ bool parse(int argc, char** argv, options& o) {
       o.prefix_cache = false;
       continue;
     }
+    if (a == "--check-pages") {
+      o.check_pages = true;
+      continue;
+    }
     if (a == "--help" || a == "-h" || i + 1 >= argc) {
       return false;
     }
@@ -473,8 +479,9 @@ int main(int argc, char** argv) {
                  "                   [--max-len L] [--max-running R] [--arrival-rate A]\n"
                  "                   [--max-batched-tokens T] [--prefill-chunk C]\n"
                  "                   [--follow-ups F] [--no-prefix-cache] [--csv FILE] [--quiet]\n"
-                 "                   [--engine auto|gpu|cpu]\n"
-                 "  kv-tokens >= 2 x max-len, max-len >= 64, 0 <= follow-ups <= 1\n");
+                 "                   [--engine auto|gpu|cpu] [--check-pages]\n"
+                 "  kv-tokens >= 2 x max-len, max-len >= 64, 0 <= follow-ups <= 1\n"
+                 "  --check-pages: the GPU kernels in their debug mode, every page id checked\n");
     return 2;
   }
   const auto trace = make_trace(o);

@@ -169,11 +169,25 @@ public:
 
   void step(const step_work& w) override {
     const auto bpp = static_cast<std::size_t>(layout_.bytes_per_page());
+    const std::int32_t bs = layout_.page_size();
+    // Page ids are checked on the host here (the GPU engine's kernels check them in their debug
+    // mode): one outside the cache fails the run instead of writing past it.
+    const auto outside = [&](std::int64_t page) {
+      return page < 0 || page >= capacity_;
+    };
+    bool bad = std::any_of(w.copies.begin(), w.copies.end(), [&](const kvkit::block_copy& c) {
+      return outside(c.src) || outside(c.dst);
+    });
+    bad = bad || std::any_of(w.slots.begin(), w.slots.end(),
+                             [&](std::int64_t s) { return s < 0 || outside(s / bs); });
+    if (bad) {
+      stats_.max_rel_error = INFINITY;
+      return;
+    }
     for (const auto& c : w.copies) {
       std::copy_n(cache_.begin() + static_cast<std::ptrdiff_t>(c.src * bpp), bpp,
                   cache_.begin() + static_cast<std::ptrdiff_t>(c.dst * bpp));
     }
-    const std::int32_t bs = layout_.page_size();
     for (std::size_t i = 0; i < w.slots.size(); ++i) {
       std::byte* page = cache_.data() + static_cast<std::size_t>(w.slots[i] / bs) * bpp;
       const auto slot = static_cast<std::int32_t>(w.slots[i] % bs);
@@ -241,8 +255,10 @@ private:
 };
 
 // The GPU engine (sim_attention_gpu.cu), or null when this build has no CUDA or the machine no
-// GPU; `why` says which.
+// GPU; `why` says which. `check_pages`: its kernels run in their debug mode (page_check), and a
+// page id outside the cache fails the run.
 std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t block_size,
-                                        model_shape m, std::int32_t max_batch, std::string& why);
+                                        model_shape m, std::int32_t max_batch, bool check_pages,
+                                        std::string& why);
 
 } // namespace sim

@@ -61,14 +61,16 @@ class gpu_engine final : public engine {
 public:
   using layout_t = kvkit::paged_layout<kvkit::bf16_codec>;
 
-  gpu_engine(std::int32_t capacity, std::int32_t block_size, model_shape m, std::int32_t max_batch)
+  gpu_engine(std::int32_t capacity, std::int32_t block_size, model_shape m, std::int32_t max_batch,
+             bool check_pages)
       : m_(m), layout_(block_size, m.kv_heads, m.head_dim), capacity_(capacity) {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
     sm_count_ = prop.multiProcessorCount;
     stats_.name = std::string("GPU: ") + prop.name + ", one layer of " +
                   std::to_string(m.kv_heads * m.group) + " query / " + std::to_string(m.kv_heads) +
-                  " KV heads x " + std::to_string(m.head_dim) + ", bf16 pages";
+                  " KV heads x " + std::to_string(m.head_dim) + ", bf16 pages" +
+                  (check_pages ? ", page ids checked (debug mode)" : "");
     check(cudaStreamCreate(&stream_));
     check(cudaEventCreate(&start_));
     check(cudaEventCreate(&stop_));
@@ -77,6 +79,10 @@ public:
     check(cache_.reserve(static_cast<std::size_t>(capacity) *
                          static_cast<std::size_t>(layout_.bytes_per_page())));
     check(cudaMemsetAsync(cache_.ptr, 0, cache_.size, stream_));
+    if (check_pages) {
+      check(page_check_.reserve(1));
+      check(cudaMemsetAsync(page_check_.ptr, 0, sizeof(std::int32_t), stream_));
+    }
     std::byte* layer = cache_.ptr;
     check(layers_.upload(std::span<std::byte* const>(&layer, 1), stream_));
     check(cudaStreamSynchronize(stream_));
@@ -97,9 +103,12 @@ public:
     check(cudaEventRecord(start_, stream_));
     if (!w.copies.empty()) {
       check(pairs_.upload(w.copies, stream_));
-      const kvkit::cuda::page_copies c{layers_.ptr, layers_.ptr,
-                                       1,           layout_.bytes_per_page(),
-                                       pairs_.ptr,  static_cast<std::int32_t>(w.copies.size())};
+      kvkit::cuda::page_copies c{layers_.ptr, layers_.ptr,
+                                 1,           layout_.bytes_per_page(),
+                                 pairs_.ptr,  static_cast<std::int32_t>(w.copies.size())};
+      c.page_check = page_check_.ptr;
+      c.src_capacity = capacity_;
+      c.dst_capacity = capacity_;
       check(kvkit::cuda::copy_blocks(c, stream_));
     }
     const auto n = static_cast<std::int32_t>(w.slots.size());
@@ -115,8 +124,9 @@ public:
       synth_rows<<<264, 256, 0, stream_>>>(tokens_.ptr, positions_.ptr, n, synth_v, m_.kv_heads,
                                            m_.head_dim, v_.ptr);
       check(cudaGetLastError());
-      const kvkit::cuda::kv_write<layout_t, __nv_bfloat16> kw{
-          layout_, cache_.ptr, capacity_, slots_.ptr, n, k_.ptr, v_.ptr, nullptr};
+      kvkit::cuda::kv_write<layout_t, __nv_bfloat16> kw{layout_, cache_.ptr, capacity_, slots_.ptr,
+                                                        n,       k_.ptr,     v_.ptr,    nullptr};
+      kw.page_check = page_check_.ptr;
       check(kvkit::cuda::write_kv(kw, stream_));
       stats_.written_tokens += n;
     }
@@ -165,6 +175,7 @@ public:
       a.out = out_.ptr;
       a.workspace_zeroed = true;
       a.page_table_ready = true; // uploaded above, before the kernel the decode follows
+      a.page_check = page_check_.ptr;
       check(cudaEventRecord(decode_start_, stream_));
       check(kvkit::cuda::paged_decode(a, *plan, workspace_.ptr, workspace_.size, stream_));
       check(cudaEventRecord(decode_stop_, stream_));
@@ -174,6 +185,14 @@ public:
     }
     check(cudaEventRecord(stop_, stream_));
     check(cudaEventSynchronize(stop_));
+    if (page_check_.ptr != nullptr) {
+      std::int32_t flagged = 0;
+      check(cudaMemcpy(&flagged, page_check_.ptr, sizeof(flagged), cudaMemcpyDeviceToHost));
+      if (flagged != 0) {
+        fail("a page id outside the cache (debug mode)");
+        return;
+      }
+    }
     float ms = 0.0F;
     check(cudaEventElapsedTime(&ms, start_, stop_));
     stats_.kernel_seconds += ms * 1e-3;
@@ -225,6 +244,7 @@ private:
   device_vec<kvkit::token_id> tokens_, q_tokens_;
   device_vec<std::int32_t> positions_, q_positions_, indptr_, indices_, last_;
   device_vec<__nv_bfloat16> k_, v_, q_, out_;
+  device_vec<std::int32_t> page_check_; // the debug mode's flag (null: off)
   std::vector<std::int32_t> lens_;
   std::uint64_t steps_ = 0;
   bool failed_ = false;
@@ -234,14 +254,15 @@ private:
 } // namespace
 
 std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t block_size,
-                                        model_shape m, std::int32_t max_batch, std::string& why) {
+                                        model_shape m, std::int32_t max_batch, bool check_pages,
+                                        std::string& why) {
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
   if (e != cudaSuccess || devices == 0) {
     why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
     return nullptr;
   }
-  return std::make_unique<gpu_engine>(capacity, block_size, m, max_batch);
+  return std::make_unique<gpu_engine>(capacity, block_size, m, max_batch, check_pages);
 }
 
 } // namespace sim
