@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# kvkit's GPU run of record, in one call: the GPU tests, the two GPU examples, PyTorch's SDPA as
+# kvkit's GPU run of record, in one call: the GPU tests, the two GPU examples (serving_sim a second
+# time on a short trace with every kernel in its debug mode), PyTorch's SDPA as
 # the decode benchmark's peer where torch is installed, every GPU benchmark, the decode targets
 # checked against that run, and last the GPU tests under compute-sanitizer memcheck and racecheck.
 # Logs and data go to LOG_DIR.
@@ -25,13 +26,17 @@ export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 "$build/tests/kvkit_cuda_tests" --durations yes 2>&1 | tee "$logs/cuda_tests.txt"
 rc=${PIPESTATUS[0]}
 
-for example in decode_step serving_sim; do
+# The examples; serving_sim once more on a shorter trace with every kernel in its debug mode.
+for run in decode_step serving_sim "serving_sim --requests 300 --check-pages"; do
+  read -r example args <<<"$run"
   bin=$(ls "$build/ex/$example" "$build/examples/$example" 2>/dev/null | head -1)
   if [[ -n $bin ]]; then
-    "$bin" >"$logs/$example.txt" 2>&1
+    log="$logs/${example}${args:+_checked}.txt"
+    # shellcheck disable=SC2086 # args are words
+    "$bin" $args >"$log" 2>&1
     example_rc=$?
-    echo "$example: exit $example_rc" | tee -a "$logs/examples.txt"
-    tail -5 "$logs/$example.txt"
+    echo "$run: exit $example_rc" | tee -a "$logs/examples.txt"
+    tail -5 "$log"
     [[ $example_rc -eq 0 ]] || rc=1
   fi
 done
