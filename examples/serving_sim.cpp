@@ -560,6 +560,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: KV memory not fully returned at the end\n");
     return 1;
   }
+  if (!e.failure.empty()) {
+    std::fprintf(stderr, "error: the model engine failed: %s\n", e.failure.c_str());
+    return 1;
+  }
   if (!(e.max_rel_error < 2e-2) || (e.decode_tokens > 0 && e.checked == 0)) {
     std::fprintf(stderr, "error: decode attention disagrees with the dense recomputation\n");
     return 1;

@@ -52,6 +52,16 @@ struct engine_stats {
   double kernel_seconds = 0.0;    // device time of copies + writes + decode (GPU engine)
   double decode_bytes = 0.0;      // K/V bytes the decode kernels read
   double decode_seconds = 0.0;    // device time of the decode kernels alone
+  std::string failure;            // why the engine stopped (empty: it did not)
+
+  // Stops the engine's checks with `why` (the first reason is kept).
+  void fail(const std::string& why) {
+    if (failure.empty()) {
+      failure = why;
+      name += " -- FAILED: " + why;
+      max_rel_error = INFINITY;
+    }
+  }
 };
 
 class engine {
@@ -171,17 +181,18 @@ public:
     const auto bpp = static_cast<std::size_t>(layout_.bytes_per_page());
     const std::int32_t bs = layout_.page_size();
     // Page ids are checked on the host here (the GPU engine's kernels check them in their debug
-    // mode): one outside the cache fails the run instead of writing past it.
+    // mode): one outside the cache fails the run instead of writing past it. Negative slots are
+    // padding, skipped, as write_kv skips them.
     const auto outside = [&](std::int64_t page) {
       return page < 0 || page >= capacity_;
     };
-    bool bad = std::any_of(w.copies.begin(), w.copies.end(), [&](const kvkit::block_copy& c) {
-      return outside(c.src) || outside(c.dst);
-    });
-    bad = bad || std::any_of(w.slots.begin(), w.slots.end(),
-                             [&](std::int64_t s) { return s < 0 || outside(s / bs); });
-    if (bad) {
-      stats_.max_rel_error = INFINITY;
+    if (std::any_of(w.copies.begin(), w.copies.end(),
+                    [&](const kvkit::block_copy& c) { return outside(c.src) || outside(c.dst); }) ||
+        std::any_of(w.slots.begin(), w.slots.end(),
+                    [&](std::int64_t s) { return s >= 0 && outside(s / bs); })) {
+      stats_.fail("a page id outside the cache");
+    }
+    if (!stats_.failure.empty()) {
       return;
     }
     for (const auto& c : w.copies) {
@@ -189,6 +200,9 @@ public:
                   cache_.begin() + static_cast<std::ptrdiff_t>(c.dst * bpp));
     }
     for (std::size_t i = 0; i < w.slots.size(); ++i) {
+      if (w.slots[i] < 0) {
+        continue;
+      }
       std::byte* page = cache_.data() + static_cast<std::size_t>(w.slots[i] / bs) * bpp;
       const auto slot = static_cast<std::int32_t>(w.slots[i] % bs);
       for (std::int32_t h = 0; h < m_.kv_heads; ++h) {
@@ -226,8 +240,8 @@ public:
       if (!kvkit::reference::paged_decode(layout_, cache_.data(), capacity_, t, q.data(), qh,
                                           out.data())
                .ok()) {
-        stats_.max_rel_error = INFINITY;
-        continue;
+        stats_.fail("the reference paged_decode rejected its arguments");
+        return;
       }
       ++stats_.decode_tokens;
       const double err =

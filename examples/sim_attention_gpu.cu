@@ -97,7 +97,7 @@ public:
   }
 
   void step(const step_work& w) override {
-    if (failed_) {
+    if (!stats_.failure.empty()) {
       return;
     }
     check(cudaEventRecord(start_, stream_));
@@ -223,13 +223,7 @@ private:
       fail(cudaGetErrorString(e));
     }
   }
-  void fail(const char* why) {
-    if (!failed_) {
-      failed_ = true;
-      stats_.name += std::string(" -- FAILED: ") + why;
-      stats_.max_rel_error = INFINITY;
-    }
-  }
+  void fail(const char* why) { stats_.fail(why); }
 
   model_shape m_;
   layout_t layout_;
@@ -247,7 +241,6 @@ private:
   device_vec<std::int32_t> page_check_; // the debug mode's flag (null: off)
   std::vector<std::int32_t> lens_;
   std::uint64_t steps_ = 0;
-  bool failed_ = false;
   engine_stats stats_;
 };
 

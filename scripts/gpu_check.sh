@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # kvkit's GPU run of record, in one call: the GPU tests, the two GPU examples (serving_sim a second
-# time on a short trace with every kernel in its debug mode), PyTorch's SDPA as
-# the decode benchmark's peer where torch is installed, every GPU benchmark, the decode targets
-# checked against that run, and last the GPU tests under compute-sanitizer memcheck and racecheck.
-# Logs and data go to LOG_DIR.
+# time on a short trace with every kernel in its debug mode), PyTorch's SDPA as the decode
+# benchmark's peer where torch is installed, every GPU benchmark, the decode targets checked
+# against that run, and last the GPU tests under compute-sanitizer memcheck and racecheck. Logs
+# and data go to LOG_DIR (its files of an earlier run are replaced).
 #   scripts/gpu_check.sh [BUILD_DIR] [LOG_DIR]     (defaults: build/release, gpu-logs)
 # Run it from the repository root. BUILD_DIR holds tests/kvkit_cuda_tests,
-# bench/kvkit_bench_cuda, optionally ex/ (or examples/) with decode_step and serving_sim, and lib/
+# bench/kvkit_bench_cuda, examples/ with decode_step and serving_sim, and lib/
 # with any shared libraries the machine lacks (scripts/stage_gpu.sh prepares such a folder).
 # KVKIT_SANITIZE_CASES picks the test cases run under the sanitizers (default: all but the
 # conversion sweep and the decode page-size sweep, too slow instrumented; the other decode cases
 # cover the same code paths); KVKIT_SANITIZE_TIMEOUT bounds each tool's run in seconds (default
-# 240). The exit status is 0 only if the tests, both sanitizers and both examples passed.
+# 240). The exit status is 0 only if the tests, the three example runs and both sanitizers ran and
+# passed.
 set -uo pipefail
 build=${1:-build/release}
 logs=${2:-gpu-logs}
 mkdir -p "$logs"
+: >"$logs/examples.txt"
+: >"$logs/sanitizer.txt"
+: >"$logs/sdpa.txt"
 export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   date -u '+%Y-%m-%d %H:%M UTC'
-  git rev-parse --short HEAD 2>/dev/null
+  git describe --always --dirty 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 } 2>&1 | tee "$logs/gpu.txt"
 
@@ -29,16 +33,19 @@ rc=${PIPESTATUS[0]}
 # The examples; serving_sim once more on a shorter trace with every kernel in its debug mode.
 for run in decode_step serving_sim "serving_sim --requests 300 --check-pages"; do
   read -r example args <<<"$run"
-  bin=$(ls "$build/ex/$example" "$build/examples/$example" 2>/dev/null | head -1)
-  if [[ -n $bin ]]; then
-    log="$logs/${example}${args:+_checked}.txt"
-    # shellcheck disable=SC2086 # args are words
-    "$bin" $args >"$log" 2>&1
-    example_rc=$?
-    echo "$run: exit $example_rc" | tee -a "$logs/examples.txt"
-    tail -5 "$log"
-    [[ $example_rc -eq 0 ]] || rc=1
+  bin="$build/examples/$example"
+  if [[ ! -x $bin ]]; then
+    echo "$run: $bin not found" | tee -a "$logs/examples.txt"
+    rc=1
+    continue
   fi
+  log="$logs/${example}${args:+_checked}.txt"
+  # shellcheck disable=SC2086 # args are words
+  "$bin" $args >"$log" 2>&1
+  example_rc=$?
+  echo "$run: exit $example_rc" | tee -a "$logs/examples.txt"
+  tail -5 "$log"
+  [[ $example_rc -eq 0 ]] || rc=1
 done
 
 # The decode rows beside their SDPA peer, measured in this call, then every other GPU benchmark.
@@ -74,5 +81,6 @@ if [[ -n $sanitizer ]]; then
   done
 else
   echo "compute-sanitizer not found" | tee "$logs/sanitizer.txt"
+  rc=1
 fi
 exit "$rc"

@@ -1,6 +1,9 @@
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "cuda/copy_device.hpp"
+#include "cuda/validation.hpp"
 #include "kvkit/cuda/copy_blocks.cuh"
 
 namespace kvkit_test {
@@ -103,36 +106,57 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
   return cudaSuccess;
 }
 
-bool copy_validation_works() {
-  kvkit::cuda::page_copies c{};
-  bool ok = kvkit::cuda::validate(c).error() == kvkit::errc::bad_argument;
-  c.num_layers = 2;
-  c.bytes_per_page = 40;
-  ok = ok && !kvkit::cuda::validate(c).ok();
-  c.bytes_per_page = 64;
-  ok = ok && kvkit::cuda::validate(c).ok() && kvkit::cuda::copy_blocks(c, nullptr) == cudaSuccess;
-  c.num_pairs = 3; // pointers missing
-  ok = ok && kvkit::cuda::copy_blocks(c, nullptr) == cudaErrorInvalidValue;
-  // The debug mode needs both capacities (stand-in pointers: only rejected cases are launched).
-  alignas(16) static std::byte fake[64];
-  static std::byte* const layer_ptrs[1] = {fake};
-  alignas(8) static const kvkit::block_copy pairs[3] = {{0, 1}, {2, 3}, {4, 5}};
+std::vector<std::string> copy_validation_failures() {
+  std::vector<std::string> failed;
+  const auto check = [&](const char* name, const kvkit::cuda::page_copies& c, bool expect_ok) {
+    if (!launchers_agree(
+            kvkit::cuda::validate(c).ok(), expect_ok, c.num_pairs > 0,
+            [&] { return kvkit::cuda::copy_blocks(c, nullptr); },
+            [&] { return kvkit::cuda::swap_blocks(c, nullptr); })) {
+      failed.emplace_back(name);
+    }
+  };
+  static std::byte* const layer[1] = {stand_in()};
+  static const kvkit::block_copy pairs[3] = {{0, 1}, {2, 3}, {4, 5}};
   static std::int32_t flag = 0;
-  c.src_layers = layer_ptrs;
-  c.dst_layers = layer_ptrs;
-  c.pairs = pairs;
-  ok = ok && kvkit::cuda::validate(c).ok();
+  const kvkit::cuda::page_copies good{layer, layer, 1, 64, pairs, 3};
+  check("good", good, true);
+  check("nothing set", kvkit::cuda::page_copies{}, false);
+  auto c = good;
+  c.num_pairs = 0;
+  c.src_layers = nullptr;
+  c.dst_layers = nullptr;
+  c.pairs = nullptr;
+  check("no pairs, no pointers", c, true);
+  c = good;
+  c.num_layers = 0;
+  check("no layers", c, false);
+  c = good;
+  c.bytes_per_page = 40;
+  check("page size not a multiple of 16", c, false);
+  c = good;
+  c.bytes_per_page = 0;
+  check("page size 0", c, false);
+  c = good;
+  c.num_pairs = -1;
+  check("negative pair count", c, false);
+  c = good;
+  c.src_layers = nullptr;
+  check("null source layers", c, false);
+  c = good;
+  c.pairs = nullptr;
+  check("null pairs", c, false);
+  // The debug mode needs both capacities.
+  c = good;
   c.page_check = &flag;
   c.src_capacity = 8;
-  ok = ok && kvkit::cuda::validate(c).error() == kvkit::errc::bad_argument &&
-       kvkit::cuda::copy_blocks(c, nullptr) == cudaErrorInvalidValue;
+  check("debug mode without a destination capacity", c, false);
   c.src_capacity = 0;
   c.dst_capacity = 8;
-  ok = ok && kvkit::cuda::validate(c).error() == kvkit::errc::bad_argument &&
-       kvkit::cuda::swap_blocks(c, nullptr) == cudaErrorInvalidValue;
+  check("debug mode without a source capacity", c, false);
   c.src_capacity = 8;
-  ok = ok && kvkit::cuda::validate(c).ok();
-  return ok;
+  check("debug mode with both capacities", c, true);
+  return failed;
 }
 
 } // namespace kvkit_test

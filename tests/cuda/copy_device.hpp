@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -26,8 +27,10 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
                       const std::vector<kvkit::block_copy>& out,
                       const std::vector<kvkit::block_copy>& in);
 
-// Whether validate() and the launchers reject bad arguments (zero layers, page sizes that are not
-// multiples of 16, missing pointers) and accept an empty batch.
-bool copy_validation_works();
+// The argument checks of copy_blocks and swap_blocks: the name of every case where validate() or
+// a launcher decided otherwise than expected (zero layers, page sizes that are not multiples of
+// 16, missing pointers, the debug mode without its capacities; an empty batch is accepted). Makes
+// no CUDA call.
+std::vector<std::string> copy_validation_failures();
 
 } // namespace kvkit_test

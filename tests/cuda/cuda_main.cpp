@@ -22,8 +22,12 @@ int main(int argc, char** argv) {
     }
   }
   if (host_only) {
+    // The tag first (an option that takes a value cannot swallow it), and a run that matches no
+    // case fails (-w NoTests) rather than passing with nothing run.
     static char host_tag[] = "[host]";
-    args.push_back(host_tag);
+    static char warn[] = "-w";
+    static char no_tests[] = "NoTests";
+    args.insert(args.begin() + 1, {host_tag, warn, no_tests});
     return Catch::Session().run(static_cast<int>(args.size()), args.data());
   }
   int devices = 0;

@@ -8,6 +8,7 @@
 
 #include "cuda/cuda_try.hpp"
 #include "cuda/decode_device.hpp"
+#include "cuda/validation.hpp"
 #include "kvkit/cuda/paged_decode.cuh"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -470,8 +471,7 @@ std::vector<std::string> decode_validation_failures() {
   using layout_t = kvkit::paged_layout<kvkit::bf16_codec>;
   using args_t = kvkit::cuda::decode_args<layout_t, __nv_bfloat16>;
   std::vector<std::string> failed;
-  // Stand-in pointers: validate never dereferences them, and no accepted case is launched.
-  alignas(16) static std::byte fake[64];
+  std::byte* const fake = stand_in();
   auto* p = reinterpret_cast<std::int32_t*>(fake);
   auto* t = reinterpret_cast<__nv_bfloat16*>(fake);
   args_t good;
@@ -486,12 +486,8 @@ std::vector<std::string> decode_validation_failures() {
   const std::size_t ws = plan.workspace_bytes();
   const auto check = [&](const char* name, const args_t& a, const kvkit::decode_plan& pl, void* w,
                          std::size_t bytes, bool expect_ok) {
-    const bool ok = kvkit::cuda::validate(a, pl, w, bytes).ok();
-    // The launcher must refuse before launching (the pointers are not device memory, so only
-    // rejected cases are handed to it).
-    const bool refused =
-        expect_ok || kvkit::cuda::paged_decode(a, pl, w, bytes, nullptr) == cudaErrorInvalidValue;
-    if (ok != expect_ok || !refused) {
+    if (!launchers_agree(kvkit::cuda::validate(a, pl, w, bytes).ok(), expect_ok, true,
+                         [&] { return kvkit::cuda::paged_decode(a, pl, w, bytes, nullptr); })) {
       failed.emplace_back(name);
     }
   };

@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_try.hpp"
 #include "cuda/quantize_device.hpp"
+#include "cuda/validation.hpp"
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/cuda/write_kv.cuh"
 #include "kvkit/layout/page_layout.hpp"
@@ -351,37 +352,21 @@ void static_scale_cases(Args a, const float* scales, Check&& check) {
   check("fp8 with static scales", a, true);
 }
 
-// Whether validate()'s verdict on `a` is `expect_ok` and each launcher agrees: it refuses a
-// rejected case (cudaErrorInvalidValue) and returns success without a launch for an accepted one
-// without work (`has_work` false). An accepted case with work is not launched (the pointers are
-// stand-ins).
-template <class Args, class... Launchers>
-bool launchers_agree(const Args& a, bool expect_ok, bool has_work, Launchers... launch) {
-  if (kvkit::cuda::validate(a).ok() != expect_ok) {
-    return false;
-  }
-  if (expect_ok && has_work) {
-    return true;
-  }
-  const cudaError_t want = expect_ok ? cudaSuccess : cudaErrorInvalidValue;
-  return ((launch(a) == want) && ...);
-}
-
 } // namespace
 
 std::vector<std::string> page_validation_failures() {
   std::vector<std::string> failed;
   // Stand-in pointers: validate never dereferences them, and no accepted case with work is
   // launched, so no CUDA call is made.
-  alignas(16) static std::byte fake[64];
+  std::byte* const fake = stand_in();
   auto* t = reinterpret_cast<__nv_bfloat16*>(fake);
   auto* ids = reinterpret_cast<std::int32_t*>(fake);
   auto* slots = reinterpret_cast<std::int64_t*>(fake);
   auto* scales = reinterpret_cast<float*>(fake);
 
   const auto write = [&](const char* name, const auto& w, bool expect_ok) {
-    if (!launchers_agree(w, expect_ok, w.num_tokens > 0,
-                         [](const auto& a) { return kvkit::cuda::write_kv(a, nullptr); })) {
+    if (!launchers_agree(kvkit::cuda::validate(w).ok(), expect_ok, w.num_tokens > 0,
+                         [&] { return kvkit::cuda::write_kv(w, nullptr); })) {
       failed.emplace_back(std::string("write_kv: ") + name);
     }
   };
@@ -397,9 +382,9 @@ std::vector<std::string> page_validation_failures() {
   // quantize_pages and dequantize_pages: one validate, two launchers.
   const auto pages = [&](const char* name, const auto& b, bool expect_ok) {
     if (!launchers_agree(
-            b, expect_ok, b.num_pages > 0,
-            [](const auto& a) { return kvkit::cuda::quantize_pages(a, nullptr); },
-            [](const auto& a) { return kvkit::cuda::dequantize_pages(a, nullptr); })) {
+            kvkit::cuda::validate(b).ok(), expect_ok, b.num_pages > 0,
+            [&] { return kvkit::cuda::quantize_pages(b, nullptr); },
+            [&] { return kvkit::cuda::dequantize_pages(b, nullptr); })) {
       failed.emplace_back(std::string("quantize_pages: ") + name);
     }
   };
