@@ -29,6 +29,7 @@ export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 "$build/tests/kvkit_cuda_tests" --durations yes 2>&1 | tee "$logs/cuda_tests.txt"
 rc=${PIPESTATUS[0]}
+tests_rc=$rc
 
 # The examples; serving_sim once more on a shorter trace with every kernel in its debug mode.
 for run in decode_step serving_sim "serving_sim --requests 300 --check-pages"; do
@@ -83,4 +84,10 @@ else
   echo "compute-sanitizer not found" | tee "$logs/sanitizer.txt"
   rc=1
 fi
+# One summary of the verdicts, last in the output and in summary.txt.
+{
+  echo "gpu_check: GPU tests exit $tests_rc; $(grep -c ': exit 0$' "$logs/examples.txt") of 3" \
+    "example runs passed; exit $rc"
+  cat "$logs/examples.txt" "$logs/sanitizer.txt"
+} | tee "$logs/summary.txt"
 exit "$rc"
