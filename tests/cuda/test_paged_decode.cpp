@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/decode_device.hpp"
+#include "cuda/no_failures.hpp"
 #include "host/test_seed.hpp"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -793,20 +794,11 @@ TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothi
 }
 
 TEST_CASE("paged_decode: validate rejects bad arguments before launch", "[cuda][decode][host]") {
-  const auto accepted = kvkit_test::decode_validation_failures();
-  for (const auto& name : accepted) {
-    INFO("not rejected (or a good case rejected): " << name);
-    CHECK(false);
-  }
-  CHECK(accepted.empty());
+  kvkit_test::check_no_failures(kvkit_test::decode_validation_failures(),
+                                "not rejected (or a good case rejected): ");
 }
 
 TEST_CASE("paged_decode: every kernel resides as many blocks per SM as its grids are cut for",
           "[cuda][decode]") {
-  const auto off = kvkit_test::decode_residency_failures();
-  for (const auto& line : off) {
-    INFO(line);
-    CHECK(false);
-  }
-  CHECK(off.empty());
+  kvkit_test::check_no_failures(kvkit_test::decode_residency_failures(), "");
 }

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/no_failures.hpp"
 #include "cuda/quantize_device.hpp"
 #include "host/test_seed.hpp"
 #include "kvkit/layout/page_layout.hpp"
@@ -51,6 +52,16 @@ float to_float(T x) {
     return std::is_same_v<T, __half> ? kvkit::fp16_bits_to_float(bits)
                                      : kvkit::bf16_bits_to_float(bits);
   }
+}
+
+// The index of the first byte where `got` differs from `want` (want.size() where none does).
+std::size_t first_difference(const std::vector<std::byte>& got,
+                             const std::vector<std::byte>& want) {
+  const auto n = std::min(got.size(), want.size());
+  return static_cast<std::size_t>(
+      std::mismatch(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n), got.begin())
+          .first -
+      want.begin());
 }
 
 template <class T>
@@ -167,13 +178,7 @@ void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, boo
   const std::int32_t want_flag = debug == debug_ids::off ? -1 : (debug == debug_ids::bad ? 1 : 0);
   CHECK(got.flag_written == want_flag);
   CHECK(got.flag_read == want_flag);
-  std::size_t first_diff = want_cache.size();
-  for (std::size_t i = 0; i < want_cache.size(); ++i) {
-    if (got.cache[i] != want_cache[i]) {
-      first_diff = i;
-      break;
-    }
-  }
+  const std::size_t first_diff = first_difference(got.cache, want_cache);
   INFO("first differing cache byte " << first_diff << " (page " << first_diff / page_bytes
                                      << ", offset " << first_diff % page_bytes << ")");
   CHECK(first_diff == want_cache.size());
@@ -369,13 +374,7 @@ void check_write_kv(const Layout& layout, std::uint64_t seed, bool expect_reject
   const auto compare = [&](const kvkit_test::device_round_trip<T>& result, std::int32_t want_flag) {
     REQUIRE(result.error == cudaSuccess);
     CHECK(result.flag_written == want_flag);
-    std::size_t first_diff = want.size();
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      if (result.cache[i] != want[i]) {
-        first_diff = i;
-        break;
-      }
-    }
+    const std::size_t first_diff = first_difference(result.cache, want);
     INFO("first differing byte " << first_diff);
     CHECK(first_diff == want.size());
   };
@@ -441,10 +440,6 @@ TEST_CASE("write_kv, quantize_pages and dequantize_pages leave pages outside the
 
 TEST_CASE("write_kv, quantize_pages and dequantize_pages reject bad arguments before launch",
           "[cuda][quant][host]") {
-  const auto failed = kvkit_test::page_validation_failures();
-  for (const auto& name : failed) {
-    INFO("decided otherwise than expected: " << name);
-    CHECK(false);
-  }
-  CHECK(failed.empty());
+  kvkit_test::check_no_failures(kvkit_test::page_validation_failures(),
+                                "decided otherwise than expected: ");
 }
