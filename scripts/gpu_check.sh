@@ -70,7 +70,7 @@ if [[ -n $sanitizer ]]; then
   cases=${KVKIT_SANITIZE_CASES:-"~[conversions]~[sweep]"}
   for tool in memcheck racecheck; do
     timeout "${KVKIT_SANITIZE_TIMEOUT:-240}" "$sanitizer" --tool "$tool" --error-exitcode 3 \
-      "$build/tests/kvkit_cuda_tests" "$cases" >"$logs/$tool.txt" 2>&1
+      "$build/tests/kvkit_cuda_tests" "$cases" --durations yes >"$logs/$tool.txt" 2>&1
     tool_rc=$?
     ran=$(grep -c "All tests passed" "$logs/$tool.txt")
     echo "compute-sanitizer $tool over '$cases': exit $tool_rc, tests passed under it: $ran;" \
