@@ -11,9 +11,9 @@
 # KVKIT_SANITIZE_CASES picks the test cases run under the sanitizers (default: all but the
 # conversion sweep and the decode page-size sweep, too slow instrumented; the other decode cases
 # cover the same code paths); KVKIT_SANITIZE_TIMEOUT bounds each tool's run in seconds (default
-# 320: on an H200 the steps before the sanitizers take about 170 s and memcheck about 40, and
-# racecheck finished 25 of the default 32 cases in 200 s, so a call of at most 600 s has room for
-# it; a tool stopped by the bound names the case it was in, in its log). The exit status is 0 only
+# 320: on an H200 the steps before the sanitizers take about 170 s, memcheck about 40 and racecheck
+# about 210 over the default cases, so a call of at most 600 s has room for a slower card; a tool
+# stopped by the bound names the case it was in, in its log). The exit status is 0 only
 # if the tests, the three example runs and both sanitizers ran and passed.
 set -uo pipefail
 build=${1:-build/release}
