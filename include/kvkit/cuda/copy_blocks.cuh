@@ -49,14 +49,15 @@ struct page_copies {
 
 namespace detail {
 
-// One CTA per (pair, layer): 16-byte loads and stores, several in flight per thread. A template,
-// so that every translation unit that includes this header may define it (a plain __global__
-// function defined in a header is defined again in each, and the link fails).
-template <int = 0>
+// One CTA per (pair, layer): 16-byte loads and stores, several in flight per thread. `Checked`:
+// the debug mode's kernel (page_check set). A template also so that every translation unit that
+// includes this header may define it (a plain __global__ function defined in a header is defined
+// again in each, and the link fails).
+template <bool Checked>
 __global__ void copy_pages_kernel(page_copies c) {
   const block_copy pair = c.pairs[blockIdx.x];
-  if (page_guard{c.src_capacity, c.page_check}.rejects(pair.src) ||
-      page_guard{c.dst_capacity, c.page_check}.rejects(pair.dst)) {
+  if (page_guard{c.src_capacity, c.page_check}.rejects<Checked>(pair.src) ||
+      page_guard{c.dst_capacity, c.page_check}.rejects<Checked>(pair.dst)) {
     return;
   }
   const auto layer = static_cast<std::int32_t>(blockIdx.y);
@@ -91,7 +92,11 @@ inline cudaError_t launch_copies(const page_copies& c, cudaStream_t stream) {
     return cudaSuccess;
   }
   const dim3 grid(static_cast<unsigned>(c.num_pairs), static_cast<unsigned>(c.num_layers));
-  copy_pages_kernel<><<<grid, 256, 0, stream>>>(c);
+  if (c.page_check != nullptr) {
+    copy_pages_kernel<true><<<grid, 256, 0, stream>>>(c);
+  } else {
+    copy_pages_kernel<false><<<grid, 256, 0, stream>>>(c);
+  }
   return cudaGetLastError();
 }
 

@@ -237,12 +237,12 @@ struct page_rows {
   }
 };
 
-template <kv_codec C, class Layout, class T>
+template <kv_codec C, bool Checked, class Layout, class T>
 __global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
                                      const std::int32_t* page_ids, std::int64_t data_offset,
                                      const float* scales, page_guard guard) {
-  const std::int32_t page_id = page_ids[blockIdx.x];
-  if (guard.rejects(page_id)) {
+  const std::int32_t page_id = page_ids[static_cast<std::int32_t>(blockIdx.x)];
+  if (guard.rejects<Checked>(page_id)) {
     return;
   }
   const auto rows = page_rows<T>::of_block(l, src, cache, page_id);
@@ -290,14 +290,14 @@ struct slot_rows {
   }
 };
 
-template <kv_codec C, class Layout, class T>
+template <kv_codec C, bool Checked, class Layout, class T>
 __global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
                                        const std::int32_t* page_ids, std::int64_t data_offset,
                                        std::int64_t param_offset, T* dst, const float* scales,
                                        page_guard guard) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t page_id = page_ids[page_index];
-  if (guard.rejects(page_id)) {
+  if (guard.rejects<Checked>(page_id)) {
     return;
   }
   const auto token0 = static_cast<std::int32_t>(blockIdx.y) * tokens_per_cta;
@@ -514,12 +514,12 @@ __device__ void quantize_token_runs(const Layout& l, const Rows& rows, std::int6
   }
 }
 
-template <kv_codec C, class Layout, class T>
+template <kv_codec C, bool Checked, class Layout, class T>
 __global__ void __maxnreg__(run_kernel_registers<T>)
     quantize_runs_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
                          std::int64_t data_offset, std::int64_t param_offset, page_guard guard) {
-  const std::int32_t page_id = page_ids[blockIdx.x];
-  if (guard.rejects(page_id)) {
+  const std::int32_t page_id = page_ids[static_cast<std::int32_t>(blockIdx.x)];
+  if (guard.rejects<Checked>(page_id)) {
     return;
   }
   const auto rows = page_rows<T>::of_block(l, src, cache, page_id);
@@ -608,7 +608,7 @@ __device__ inline void widen_quad(const quad_raw<T>& r, float (&x)[4]) {
 // finite and within ±65504, the zero point (rounded down) and the scale put every
 // (x - zero) * inv in [0, 15.5), so codes need no clamp. Otherwise the thread ranges its channels
 // again as the scalar code does and codes with it.
-template <kv_codec C, class Layout, class T>
+template <kv_codec C, bool Checked, class Layout, class T>
 __global__ void __maxnreg__(72)
     quantize_columns_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
                             std::int64_t data_offset, std::int64_t param_offset, page_guard guard) {
@@ -617,7 +617,7 @@ __global__ void __maxnreg__(72)
   constexpr int batch = 8; // tokens whose loads are in flight together, longer pages
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t page_id = page_ids[page_index];
-  if (guard.rejects(page_id)) {
+  if (guard.rejects<Checked>(page_id)) {
     return;
   }
   std::byte* page = cache + static_cast<std::int64_t>(page_id) * l.bytes_per_page();
@@ -781,13 +781,13 @@ __global__ void __maxnreg__(72)
 
 // Per-channel codecs, decoding: a thread reads its eight channels' parameters once, then decodes
 // a 4-byte word per token, four tokens' loads at a time.
-template <kv_codec C, class Layout, class T>
+template <kv_codec C, bool Checked, class Layout, class T>
 __global__ void dequantize_columns_kernel(Layout l, const std::byte* cache,
                                           const std::int32_t* page_ids, std::int64_t data_offset,
                                           std::int64_t param_offset, T* dst, page_guard guard) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t page_id = page_ids[page_index];
-  if (guard.rejects(page_id)) {
+  if (guard.rejects<Checked>(page_id)) {
     return;
   }
   const std::byte* page = cache + static_cast<std::int64_t>(page_id) * l.bytes_per_page();
@@ -855,8 +855,8 @@ unsigned run_threads(const Layout& l) {
                      lane_channels);
 }
 
-// Launches the kernel of one region (K or V) of codec C.
-template <kv_codec C, bool Quantize, class Layout, class T>
+// Launches the kernel of one region (K or V) of codec C; `Checked`: the debug mode's kernel.
+template <kv_codec C, bool Quantize, bool Checked, class Layout, class T>
 cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int64_t data_offset,
                           std::int64_t param_offset, const float* scales, cudaStream_t stream) {
   const Layout& l = b.layout;
@@ -870,10 +870,10 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
       const auto quads = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 4;
       const unsigned quad_threads = threads_for(quads);
       const dim3 grid(pages, static_cast<unsigned>((quads + quad_threads - 1) / quad_threads));
-      quantize_columns_kernel<C><<<grid, quad_threads, 0, stream>>>(
+      quantize_columns_kernel<C, Checked><<<grid, quad_threads, 0, stream>>>(
           l, elements, b.cache, b.page_ids, data_offset, param_offset, guard);
     } else {
-      dequantize_columns_kernel<C><<<pages, threads, 0, stream>>>(
+      dequantize_columns_kernel<C, Checked><<<pages, threads, 0, stream>>>(
           l, b.cache, b.page_ids, data_offset, param_offset, elements, guard);
     }
   } else {
@@ -882,30 +882,37 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
     const dim3 grid(pages,
                     static_cast<unsigned>((l.page_size() + tokens_per_cta - 1) / tokens_per_cta));
     if constexpr (Quantize && quantized_by_runs<C>) {
-      quantize_runs_kernel<C><<<grid, run_threads(l), 0, stream>>>(
+      quantize_runs_kernel<C, Checked><<<grid, run_threads(l), 0, stream>>>(
           l, elements, b.cache, b.page_ids, data_offset, param_offset, guard);
     } else if constexpr (Quantize) {
-      quantize_rows_kernel<C><<<grid, threads, 0, stream>>>(l, elements, b.cache, b.page_ids,
-                                                            data_offset, scales, guard);
+      quantize_rows_kernel<C, Checked><<<grid, threads, 0, stream>>>(
+          l, elements, b.cache, b.page_ids, data_offset, scales, guard);
     } else {
-      dequantize_rows_kernel<C><<<grid, threads, 0, stream>>>(
+      dequantize_rows_kernel<C, Checked><<<grid, threads, 0, stream>>>(
           l, b.cache, b.page_ids, data_offset, param_offset, elements, scales, guard);
     }
   }
   return cudaGetLastError();
 }
 
-template <bool Quantize, class Layout, class T>
-cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
+template <bool Quantize, bool Checked, class Layout, class T>
+cudaError_t launch_regions(const page_batch<Layout, T>& b, cudaStream_t stream) {
   const Layout& l = b.layout;
   const float* v_scales = b.static_scales == nullptr ? nullptr : b.static_scales + l.num_kv_heads();
-  const cudaError_t k = launch_region<typename Layout::k_codec, Quantize>(
+  const cudaError_t k = launch_region<typename Layout::k_codec, Quantize, Checked>(
       b, b.k, l.k_data_offset(), l.k_param_offset(), b.static_scales, stream);
   if (k != cudaSuccess) {
     return k;
   }
-  return launch_region<typename Layout::v_codec, Quantize>(b, b.v, l.v_data_offset(),
-                                                           l.v_param_offset(), v_scales, stream);
+  return launch_region<typename Layout::v_codec, Quantize, Checked>(
+      b, b.v, l.v_data_offset(), l.v_param_offset(), v_scales, stream);
+}
+
+// The debug mode (a flag to set) runs kernels of their own, so the ordinary ones test nothing.
+template <bool Quantize, class Layout, class T>
+cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
+  return b.page_check != nullptr ? launch_regions<Quantize, true>(b, stream)
+                                 : launch_regions<Quantize, false>(b, stream);
 }
 
 } // namespace detail

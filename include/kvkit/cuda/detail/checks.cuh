@@ -18,19 +18,23 @@ template <std::size_t Bytes>
 
 //! The debug mode of a kernel that takes page ids (`flag` set): an id outside [0, capacity) sets
 //! *flag to 1, and the kernel leaves that page alone instead of touching memory outside the
-//! cache. Without a flag every id is taken as it is. rejects() is for ids that are the same in
-//! every thread of a block (the block's page or pair), which all leave it alone together.
+//! cache. The kernels take the mode as a template argument (`Checked`, true only when the flag is
+//! set), so that their ordinary build carries no test at all. rejects() is for ids that are the
+//! same in every thread of a block (the block's page or pair), which all leave it alone together.
 struct page_guard {
   std::int32_t capacity = 0;
   std::int32_t* flag = nullptr;
 
-  //! Whether `page` is to be left alone (the flag then set).
+  //! Whether `page` is to be left alone (the flag then set); never in the ordinary build.
+  template <bool Checked>
   __device__ bool rejects(std::int64_t page) const {
-    if (flag != nullptr && (page < 0 || page >= capacity)) {
-      if (threadIdx.x == 0) {
-        atomicExch(flag, 1);
+    if constexpr (Checked) {
+      if (page < 0 || page >= capacity) {
+        if (threadIdx.x == 0) {
+          atomicExch(flag, 1);
+        }
+        return true;
       }
-      return true;
     }
     return false;
   }
