@@ -92,11 +92,9 @@ inline cudaError_t launch_copies(const page_copies& c, cudaStream_t stream) {
     return cudaSuccess;
   }
   const dim3 grid(static_cast<unsigned>(c.num_pairs), static_cast<unsigned>(c.num_layers));
-  if (c.page_check != nullptr) {
-    copy_pages_kernel<true><<<grid, 256, 0, stream>>>(c);
-  } else {
-    copy_pages_kernel<false><<<grid, 256, 0, stream>>>(c);
-  }
+  with_page_check(c.page_check, [&](auto checked) {
+    copy_pages_kernel<decltype(checked)::value><<<grid, 256, 0, stream>>>(c);
+  });
   return cudaGetLastError();
 }
 

@@ -911,8 +911,9 @@ cudaError_t launch_regions(const page_batch<Layout, T>& b, cudaStream_t stream) 
 // The debug mode (a flag to set) runs kernels of their own, so the ordinary ones test nothing.
 template <bool Quantize, class Layout, class T>
 cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
-  return b.page_check != nullptr ? launch_regions<Quantize, true>(b, stream)
-                                 : launch_regions<Quantize, false>(b, stream);
+  return with_page_check(b.page_check, [&](auto checked) {
+    return launch_regions<Quantize, decltype(checked)::value>(b, stream);
+  });
 }
 
 } // namespace detail

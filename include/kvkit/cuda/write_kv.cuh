@@ -74,13 +74,10 @@ template <class Layout, page_element T>
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   const detail::page_guard guard{w.capacity, w.page_check};
-  if (w.page_check != nullptr) {
-    detail::write_kv_kernel<K, V, true><<<grid, threads, 0, stream>>>(
+  detail::with_page_check(w.page_check, [&](auto checked) {
+    detail::write_kv_kernel<K, V, decltype(checked)::value><<<grid, threads, 0, stream>>>(
         l, w.k, w.v, w.slots, w.num_tokens, w.cache, w.static_scales, guard);
-  } else {
-    detail::write_kv_kernel<K, V, false><<<grid, threads, 0, stream>>>(
-        l, w.k, w.v, w.slots, w.num_tokens, w.cache, w.static_scales, guard);
-  }
+  });
   return cudaGetLastError();
 }
 

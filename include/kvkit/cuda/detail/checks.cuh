@@ -3,8 +3,10 @@
 //! any kernel makes vector accesses through a pointer, and the debug mode's page id check, which
 //! the page kernels make on the device.
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace kvkit::cuda::detail {
 
@@ -44,5 +46,13 @@ struct page_guard {
     return flag != nullptr ? static_cast<std::int64_t>(capacity) * page_size : INT64_MAX;
   }
 };
+
+//! The launchers' one choice between a kernel's builds: calls `launch` with std::true_type where
+//! the debug mode is on (`flag` set), else with std::false_type, and returns what it returns.
+template <class Launch>
+requires std::invocable<Launch&, std::true_type> && std::invocable<Launch&, std::false_type>
+auto with_page_check(const std::int32_t* flag, Launch&& launch) {
+  return flag != nullptr ? launch(std::true_type{}) : launch(std::false_type{});
+}
 
 } // namespace kvkit::cuda::detail
