@@ -159,4 +159,29 @@ std::vector<std::string> copy_validation_failures() {
   return failed;
 }
 
+std::vector<std::string> page_check_dispatch_failures() {
+  using kvkit::cuda::detail::with_page_check;
+  std::vector<std::string> failed;
+  const auto build = [](auto checked) {
+    return decltype(checked)::value ? 1 : 2;
+  };
+  std::int32_t flag = 0;
+  if (with_page_check(nullptr, build) != 2) {
+    failed.emplace_back("no flag, yet not the ordinary build");
+  }
+  if (with_page_check(&flag, build) != 1) {
+    failed.emplace_back("a flag, yet not the checked build");
+  }
+  int calls = 0;
+  with_page_check(&flag, [&](auto) { ++calls; });
+  with_page_check(nullptr, [&](auto) { ++calls; });
+  if (calls != 2) {
+    failed.emplace_back("a launch returning nothing was not called once each time");
+  }
+  if (flag != 0) {
+    failed.emplace_back("the choice wrote the flag");
+  }
+  return failed;
+}
+
 } // namespace kvkit_test

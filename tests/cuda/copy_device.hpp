@@ -33,4 +33,10 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
 // no CUDA call.
 std::vector<std::string> copy_validation_failures();
 
+// The launchers' one choice between a kernel's checked and ordinary builds
+// (detail::with_page_check, which write_kv, the page kernels and copy_blocks share): the name of
+// every case where it chose the other build, lost the launch's result or touched the flag. Makes
+// no CUDA call.
+std::vector<std::string> page_check_dispatch_failures();
+
 } // namespace kvkit_test

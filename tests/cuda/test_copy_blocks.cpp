@@ -129,3 +129,8 @@ TEST_CASE("page movement validates its arguments", "[cuda][copy][host]") {
   kvkit_test::check_no_failures(kvkit_test::copy_validation_failures(),
                                 "decided otherwise than expected: ");
 }
+
+TEST_CASE("the launchers run the checked kernels exactly when the debug flag is set",
+          "[cuda][copy][host]") {
+  kvkit_test::check_no_failures(kvkit_test::page_check_dispatch_failures(), "");
+}
