@@ -539,7 +539,7 @@ __device__ void write_region(const Layout& l, const T* src, const std::int64_t* 
                              std::int64_t param_offset, const float* scales, page_guard guard) {
   const auto first = static_cast<std::int32_t>(blockIdx.x) * tokens_per_cta;
   const std::int64_t row_elems = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim();
-  const std::int64_t slot_limit = guard.slot_limit(l.page_size());
+  const std::int64_t slot_limit = guard.slot_limit<Checked>(l.page_size());
   // The debug mode's flag, a thread per token (the rows skip such slots on their own).
   if (Checked && threadIdx.x < tokens_per_cta &&
       first + static_cast<std::int32_t>(threadIdx.x) < num_tokens &&

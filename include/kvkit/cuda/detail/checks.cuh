@@ -42,8 +42,12 @@ struct page_guard {
   }
   //! For slots (`page * page_size + offset`) in pages of `page_size` tokens: the first slot past
   //! the cache in the debug mode, else the largest slot there is.
+  template <bool Checked>
   __device__ std::int64_t slot_limit(std::int32_t page_size) const {
-    return flag != nullptr ? static_cast<std::int64_t>(capacity) * page_size : INT64_MAX;
+    if constexpr (Checked) {
+      return static_cast<std::int64_t>(capacity) * page_size;
+    }
+    return INT64_MAX;
   }
 };
 
