@@ -8,13 +8,18 @@
 # Run it from the repository root. BUILD_DIR holds tests/kvkit_cuda_tests,
 # bench/kvkit_bench_cuda, examples/ with decode_step and serving_sim, and lib/
 # with any shared libraries the machine lacks (scripts/stage_gpu.sh prepares such a folder).
+# Where BUILD_DIR has a ptx/ folder (stage_gpu.sh's third argument: a build of compute_80 PTX), its
+# GPU tests and the three example runs follow the benchmarks, each bounded by KVKIT_PTX_TIMEOUT
+# seconds (default 240; the driver compiles the PTX of each kernel at its first launch, and keeps it
+# in its cache for the later runs), and count towards the exit status.
 # KVKIT_SANITIZE_CASES picks the test cases run under the sanitizers (default: all but the
 # conversion sweep and the decode page-size sweep, too slow instrumented; the other decode cases
 # cover the same code paths); KVKIT_SANITIZE_TIMEOUT bounds each tool's run in seconds (default
 # 320: on an H200 the steps before the sanitizers take about 170 s, memcheck about 40 and racecheck
 # about 210 over the default cases, so a call of at most 600 s has room for a slower card; a tool
 # stopped by the bound names the case it was in, in its log). The exit status is 0 only
-# if the tests, the three example runs and both sanitizers ran and passed.
+# if the tests, the three example runs (and the PTX build's, where staged) and both sanitizers ran
+# and passed.
 set -uo pipefail
 build=${1:-build/release}
 logs=${2:-gpu-logs}
@@ -33,23 +38,28 @@ export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 rc=${PIPESTATUS[0]}
 tests_rc=$rc
 
-# The examples; serving_sim once more on a shorter trace with every kernel in its debug mode.
-for run in decode_step serving_sim "serving_sim --requests 300 --check-pages"; do
-  read -r example args <<<"$run"
-  bin="$build/examples/$example"
-  if [[ ! -x $bin ]]; then
-    echo "$run: $bin not found" | tee -a "$logs/examples.txt"
-    rc=1
-    continue
-  fi
-  log="$logs/${example}${args:+_checked}.txt"
-  # shellcheck disable=SC2086 # args are words
-  "$bin" $args >"$log" 2>&1
-  example_rc=$?
-  echo "$run: exit $example_rc" | tee -a "$logs/examples.txt"
-  tail -5 "$log"
-  [[ $example_rc -eq 0 ]] || rc=1
-done
+# The examples of build folder $1, each run under `timeout $2` (0: no bound) and logged with the
+# prefix $3; serving_sim once more on a shorter trace with every kernel in its debug mode.
+run_examples() {
+  local run example args bin log example_rc
+  for run in decode_step serving_sim "serving_sim --requests 300 --check-pages"; do
+    read -r example args <<<"$run"
+    bin="$1/examples/$example"
+    if [[ ! -x $bin ]]; then
+      echo "$3$run: $bin not found" | tee -a "$logs/examples.txt"
+      rc=1
+      continue
+    fi
+    log="$logs/$3${example}${args:+_checked}.txt"
+    # shellcheck disable=SC2086 # args are words
+    timeout "$2" "$bin" $args >"$log" 2>&1
+    example_rc=$?
+    echo "$3$run: exit $example_rc" | tee -a "$logs/examples.txt"
+    tail -5 "$log"
+    [[ $example_rc -eq 0 ]] || rc=1
+  done
+}
+run_examples "$build" 0 ""
 
 # The decode rows beside their SDPA peer, measured in this call, then every other GPU benchmark.
 here=$(cd "$(dirname "$0")" && pwd)
@@ -67,6 +77,19 @@ python3 "$here/decode_targets.py" "$logs/bench_decode.json" 2>&1 | tee "$logs/ta
 "$build/bench/kvkit_bench_cuda" --benchmark_filter='^(BM_|write_kv|quantize_pages|dequantize_pages)' \
   --benchmark_out="$logs/bench_cuda.json" --benchmark_out_format=json 2>&1 |
   tee "$logs/bench_cuda.txt"
+# The PTX build, where staged: the paths of devices before Hopper (no cluster merge, no dependent
+# launch), compiled for this GPU by its driver.
+ptx_tests_rc=
+if [[ -d $build/ptx ]]; then
+  export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296} # every kernel's compiled PTX kept
+  timeout "${KVKIT_PTX_TIMEOUT:-240}" "$build/ptx/tests/kvkit_cuda_tests" --durations yes \
+    >"$logs/ptx_cuda_tests.txt" 2>&1
+  ptx_tests_rc=$?
+  echo "PTX build's GPU tests: exit $ptx_tests_rc; $(grep -E "^(All tests passed|test cases:)" \
+    "$logs/ptx_cuda_tests.txt" | tail -1)" | tee -a "$logs/examples.txt"
+  [[ $ptx_tests_rc -eq 0 ]] || rc=1
+  run_examples "$build/ptx" "${KVKIT_PTX_TIMEOUT:-240}" ptx_
+fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [[ -n $sanitizer ]]; then
   cases=${KVKIT_SANITIZE_CASES:-"~[conversions]~[sweep]"}
@@ -88,7 +111,8 @@ else
 fi
 # One summary of the verdicts, last in the output and in summary.txt.
 {
-  echo "gpu_check: GPU tests exit $tests_rc; $(grep -c ': exit 0$' "$logs/examples.txt") of 3" \
+  echo "gpu_check: GPU tests exit $tests_rc${ptx_tests_rc:+, the PTX build of them $ptx_tests_rc};" \
+    "$(grep -c ': exit 0$' "$logs/examples.txt") of $([[ -n $ptx_tests_rc ]] && echo 6 || echo 3)" \
     "example runs passed; exit $rc"
   cat "$logs/examples.txt" "$logs/sanitizer.txt"
 } | tee "$logs/summary.txt"
