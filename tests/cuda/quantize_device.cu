@@ -88,6 +88,41 @@ __global__ void conversion_kernel(std::uint64_t seed, std::int64_t n,
   }
 }
 
+// What both round trips put on the device: the cache, filled with 0xA5 bytes, the new K and V rows,
+// the static scales and the debug mode's flag, zeroed.
+template <class T>
+struct kv_inputs {
+  kv_inputs(std::size_t cache_bytes, std::size_t k_elems, std::size_t v_elems,
+            std::size_t num_scales)
+      : cache(cache_bytes), k(k_elems), v(v_elems), scales(num_scales + 1), flag(1) {}
+  // The allocations' first error, else the first of the uploads, which stop there.
+  cudaError_t upload(const std::vector<T>& hk, const std::vector<T>& hv,
+                     const std::vector<float>& static_scales) {
+    for (const cudaError_t e : {cache.err, k.err, v.err, scales.err, flag.err}) {
+      if (e != cudaSuccess) {
+        return e;
+      }
+    }
+    cudaError_t e = cudaMemset(flag.ptr, 0, sizeof(std::int32_t));
+    e = e != cudaSuccess ? e : cudaMemset(cache.ptr, 0xA5, cache.size);
+    e = e != cudaSuccess
+            ? e
+            : cudaMemcpy(k.ptr, hk.data(), hk.size() * sizeof(T), cudaMemcpyHostToDevice);
+    e = e != cudaSuccess
+            ? e
+            : cudaMemcpy(v.ptr, hv.data(), hv.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return e != cudaSuccess
+               ? e
+               : cudaMemcpy(scales.ptr, static_scales.data(), static_scales.size() * sizeof(float),
+                            cudaMemcpyHostToDevice);
+  }
+  device_array<std::byte> cache;
+  device_array<T> k;
+  device_array<T> v;
+  device_array<float> scales;
+  device_array<std::int32_t> flag;
+};
+
 } // namespace
 
 template <class Layout, class T>
@@ -97,25 +132,12 @@ device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k
                                    const std::vector<float>& static_scales, bool debug) {
   device_round_trip<T> out;
   const auto cache_bytes = static_cast<std::size_t>(capacity * layout.bytes_per_page());
-  device_array<std::byte> cache(cache_bytes);
-  device_array<T> dk(k.size());
-  device_array<T> dv(v.size());
+  kv_inputs<T> in(cache_bytes, k.size(), v.size(), static_scales.size());
   device_array<std::int32_t> ids(page_ids.size());
-  device_array<float> scales(static_scales.size() + 1);
-  device_array<std::int32_t> flag(1);
-  KVKIT_TRY(cache.err);
-  KVKIT_TRY(dk.err);
-  KVKIT_TRY(dv.err);
+  KVKIT_TRY(in.upload(k, v, static_scales));
   KVKIT_TRY(ids.err);
-  KVKIT_TRY(scales.err);
-  KVKIT_TRY(flag.err);
-  KVKIT_TRY(cudaMemset(flag.ptr, 0, sizeof(std::int32_t)));
-  KVKIT_TRY(cudaMemset(cache.ptr, 0xA5, cache_bytes));
-  KVKIT_TRY(cudaMemcpy(dk.ptr, k.data(), k.size() * sizeof(T), cudaMemcpyHostToDevice));
-  KVKIT_TRY(cudaMemcpy(dv.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   KVKIT_TRY(cudaMemcpy(ids.ptr, page_ids.data(), page_ids.size() * 4, cudaMemcpyHostToDevice));
-  KVKIT_TRY(cudaMemcpy(scales.ptr, static_scales.data(), static_scales.size() * 4,
-                       cudaMemcpyHostToDevice));
+  auto& [cache, dk, dv, scales, flag] = in;
   kvkit::cuda::page_batch<Layout, T> b{
       layout, cache.ptr, capacity,  ids.ptr, static_cast<std::int32_t>(page_ids.size()),
       dk.ptr, dv.ptr,    scales.ptr};
@@ -150,25 +172,12 @@ device_round_trip<T> run_write_kv(const Layout& layout, const std::vector<T>& k,
                                   bool debug) {
   device_round_trip<T> out;
   const auto cache_bytes = static_cast<std::size_t>(capacity * layout.bytes_per_page());
-  device_array<std::byte> cache(cache_bytes);
-  device_array<T> dk(k.size());
-  device_array<T> dv(v.size());
+  kv_inputs<T> in(cache_bytes, k.size(), v.size(), static_scales.size());
   device_array<std::int64_t> ds(slots.size());
-  device_array<float> scales(static_scales.size() + 1);
-  device_array<std::int32_t> flag(1);
-  KVKIT_TRY(cache.err);
-  KVKIT_TRY(dk.err);
-  KVKIT_TRY(dv.err);
+  KVKIT_TRY(in.upload(k, v, static_scales));
   KVKIT_TRY(ds.err);
-  KVKIT_TRY(scales.err);
-  KVKIT_TRY(flag.err);
-  KVKIT_TRY(cudaMemset(flag.ptr, 0, sizeof(std::int32_t)));
-  KVKIT_TRY(cudaMemset(cache.ptr, 0xA5, cache_bytes));
-  KVKIT_TRY(cudaMemcpy(dk.ptr, k.data(), k.size() * sizeof(T), cudaMemcpyHostToDevice));
-  KVKIT_TRY(cudaMemcpy(dv.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   KVKIT_TRY(cudaMemcpy(ds.ptr, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
-  KVKIT_TRY(cudaMemcpy(scales.ptr, static_scales.data(), static_scales.size() * 4,
-                       cudaMemcpyHostToDevice));
+  auto& [cache, dk, dv, scales, flag] = in;
   kvkit::cuda::kv_write<Layout, T> w{
       layout, cache.ptr, capacity,  ds.ptr, static_cast<std::int32_t>(slots.size()),
       dk.ptr, dv.ptr,    scales.ptr};
