@@ -85,8 +85,11 @@ public:
     }
     std::byte* layer = cache_.ptr;
     check(layers_.upload(std::span<std::byte* const>(&layer, 1), stream_));
+    // The decode's arrival counters, for the largest batch, zeroed once: every launch leaves
+    // them at zero again, so the launches skip their memset (decode_args::zeroed_counters).
+    check(counters_.reserve(static_cast<std::size_t>(std::max(max_batch, 1)) * m.kv_heads));
+    check(cudaMemsetAsync(counters_.ptr, 0, counters_.size * sizeof(std::uint32_t), stream_));
     check(cudaStreamSynchronize(stream_));
-    (void)max_batch;
   }
   ~gpu_engine() override {
     cudaStreamDestroy(stream_);
@@ -148,12 +151,8 @@ public:
         fail("decode plan rejected");
         return;
       }
-      // The workspace grows when a plan needs more; a new one is zeroed once, and every launch
-      // leaves its counters at zero again, so the launches skip their memset (workspace_zeroed).
-      if (plan->workspace_bytes() > workspace_.size) {
-        check(workspace_.reserve(plan->workspace_bytes()));
-        check(cudaMemsetAsync(workspace_.ptr, 0, workspace_.size, stream_));
-      }
+      // The workspace grows when a plan needs more (it needs no initialization).
+      check(workspace_.reserve(plan->workspace_bytes()));
       check(indptr_.upload(w.indptr, stream_));
       check(indices_.upload(w.indices, stream_));
       check(last_.upload(w.last_page_len, stream_));
@@ -173,7 +172,8 @@ public:
           kvkit::csr_page_table{indptr_.ptr, indices_.ptr, last_.ptr, batch, layout_.page_size()};
       a.q = q_.ptr;
       a.out = out_.ptr;
-      a.workspace_zeroed = true;
+      a.zeroed_counters = counters_.ptr;
+      a.zeroed_counter_count = static_cast<std::int64_t>(counters_.size);
       a.page_table_ready = true; // uploaded above, before the kernel the decode follows
       a.page_check = page_check_.ptr;
       check(cudaEventRecord(decode_start_, stream_));
@@ -239,6 +239,7 @@ private:
   device_vec<std::int32_t> positions_, q_positions_, indptr_, indices_, last_;
   device_vec<__nv_bfloat16> k_, v_, q_, out_;
   device_vec<std::int32_t> page_check_; // the debug mode's flag (null: off)
+  device_vec<std::uint32_t> counters_;  // the decode's arrival counters, kept at zero
   std::vector<std::int32_t> lens_;
   std::uint64_t steps_ = 0;
   engine_stats stats_;

@@ -11,8 +11,8 @@
 // The paged_decode_graph rows capture the same loop, planned with plan_decode_graph_safe, in a CUDA
 // graph and time its replays, as an engine that runs its decode step from a graph would see the
 // kernel. Launches use the defaults an engine would (each a programmatic dependent of the one
-// before) and a workspace zeroed once at allocation (decode_args::workspace_zeroed, so split shapes
-// need no memset before each); the page table is written before the loop
+// before) and arrival counters zeroed once at allocation (decode_args::zeroed_counters, so split
+// shapes need no memset before each); the page table is written before the loop
 // (decode_args::page_table_ready) and no launch of the loop writes the cache
 // (decode_args::cache_ready_but_last_page: an engine's decode step follows the kernel that appends
 // each sequence's token to its last page, which that promise allows).
@@ -342,10 +342,14 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   if (graph) {
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   }
-  // Zeroed once, as an engine that sets decode_args::workspace_zeroed would.
+  // The workspace, and arrival counters zeroed once, as an engine that sets
+  // decode_args::zeroed_counters would.
   std::byte* ws = nullptr;
   cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 16));
   cudaMemset(ws, 0, std::max<std::size_t>(plan.workspace_bytes(), 16));
+  std::uint32_t* counters = nullptr;
+  cudaMalloc(&counters, plan.counter_count() * sizeof(std::uint32_t));
+  cudaMemset(counters, 0, plan.counter_count() * sizeof(std::uint32_t));
 
   std::vector<kvkit::cuda::decode_args<Layout, __nv_bfloat16>> args(
       static_cast<std::size_t>(rotations));
@@ -358,7 +362,8 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     a.q = d_q + q_elems * static_cast<std::size_t>(r);
     a.out = d_out + q_elems * static_cast<std::size_t>(r);
     a.static_scales = ctx->scales;
-    a.workspace_zeroed = true;
+    a.zeroed_counters = counters;
+    a.zeroed_counter_count = static_cast<std::int64_t>(plan.counter_count());
     // The page table is written once, before the loop, and the cache too: no launch of the loop
     // writes either.
     a.page_table_ready = launch_override() == 0;
@@ -463,6 +468,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   cudaFree(d_q);
   cudaFree(d_out);
   cudaFree(ws);
+  cudaFree(counters);
 }
 
 // One row of the table: Google Benchmark times it by hand, seven iterations, in microseconds.

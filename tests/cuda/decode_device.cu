@@ -348,8 +348,13 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   KVKIT_TRY(mem.alloc(d_ws, ws_bytes + guard_bytes));
   // Garbage, not zeros: the launcher owes the workspace no initialization.
   KVKIT_TRY(cudaMemset(d_ws, 0xA5, ws_bytes + guard_bytes));
-  if (mode.workspace_zeroed && counter_bytes > 0) {
-    KVKIT_TRY(cudaMemset(d_ws, 0, counter_bytes));
+  // The caller's counters (zeroed_counters), for the largest batch.
+  const auto counter_count =
+      static_cast<std::size_t>(shape.batch_size) * static_cast<std::size_t>(shape.num_kv_heads);
+  std::uint32_t* d_counters = nullptr;
+  if (mode.zeroed_counters) {
+    KVKIT_TRY(mem.alloc(d_counters, counter_count));
+    KVKIT_TRY(cudaMemset(d_counters, 0, counter_count * sizeof(std::uint32_t)));
   }
 
   kvkit::cuda::decode_args<Layout, T> a;
@@ -366,7 +371,8 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   a.options = options;
   a.page_check = mode.check_pages ? d_check : nullptr;
   a.dependent_launch = mode.dependent_launch;
-  a.workspace_zeroed = mode.workspace_zeroed;
+  a.zeroed_counters = d_counters;
+  a.zeroed_counter_count = mode.zeroed_counters ? static_cast<std::int64_t>(counter_count) : 0;
   a.page_table_ready = mode.page_table_ready;
   a.cache_ready_but_last_page = mode.late_last_pages;
   const std::int64_t page_bytes = layout.bytes_per_page();
@@ -451,9 +457,19 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
                                       ws_end, [](std::uint8_t x) { return x != 0xA5; });
   out.past_workspace_intact =
       std::all_of(ws_end, ws.end(), [](std::uint8_t x) { return x == 0xA5; });
-  out.counters_zero =
-      std::all_of(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(counter_bytes),
-                  [](std::uint8_t x) { return x == 0; });
+  if (mode.zeroed_counters) {
+    std::vector<std::uint32_t> counters(counter_count);
+    KVKIT_TRY(cudaMemcpy(counters.data(), d_counters, counters.size() * sizeof(std::uint32_t),
+                         cudaMemcpyDeviceToHost));
+    out.counters_zero =
+        std::all_of(counters.begin(), counters.end(), [](std::uint32_t x) { return x == 0; });
+  } else {
+    const std::size_t last_counters =
+        plans.back().workspace_bytes() > 0 ? plans.back().counter_bytes() : 0;
+    out.counters_zero =
+        std::all_of(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(last_counters),
+                    [](std::uint8_t x) { return x == 0; });
+  }
   int device = 0;
   int clusters = 0;
   KVKIT_TRY(cudaGetDevice(&device));
@@ -528,6 +544,24 @@ std::vector<std::string> decode_validation_failures() {
   a = good;
   a.capacity = 0;
   check("no capacity", a, plan, fake, ws, false);
+  // The caller's zeroed counters: one per (sequence, KV head) of the plan, 4-byte aligned.
+  auto* const counters = reinterpret_cast<std::uint32_t*>(fake);
+  const auto needed = static_cast<std::int64_t>(plan.counter_count());
+  a = good;
+  a.zeroed_counters = counters;
+  a.zeroed_counter_count = needed;
+  check("zeroed counters", a, plan, fake, ws, true);
+  a.zeroed_counter_count = needed + 100;
+  check("more zeroed counters than needed", a, plan, fake, ws, true);
+  a.zeroed_counter_count = needed - 1;
+  check("too few zeroed counters", a, plan, fake, ws, false);
+  a.zeroed_counter_count = -1;
+  check("negative zeroed counter count", a, plan, fake, ws, false);
+  a.zeroed_counters = reinterpret_cast<std::uint32_t*>(fake + 2);
+  a.zeroed_counter_count = needed;
+  check("misaligned zeroed counters", a, plan, fake, ws, false);
+  a.zeroed_counters = nullptr;
+  check("zeroed counter count without counters", a, plan, fake, ws, false);
   a = good;
   a.layout = layout_t(16, 4, 128);
   check("kv heads differ from the plan", a, plan, fake, ws, false);

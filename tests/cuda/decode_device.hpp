@@ -29,9 +29,10 @@ struct decode_mode {
   // (the outputs poisoned again on the stream before each); the last one's results are returned.
   std::int32_t repeats = 1;
   bool dependent_launch = true; // decode_args::dependent_launch
-  // decode_args::workspace_zeroed: the workspace's counters are zeroed once before the first
-  // launch (the rest stays garbage) and must be zero again after the last.
-  bool workspace_zeroed = false;
+  // decode_args::zeroed_counters: counters of the caller's own, for the largest batch, zeroed
+  // once before the first launch, which must be zero again after the last (the workspace stays
+  // garbage).
+  bool zeroed_counters = false;
   // The queries reach the decode's buffer through a kernel launched just before each decode,
   // which lets dependents launch at once and then copies late (poisoned queries until then): a
   // decode that read them before waiting for that kernel would see NaN.
@@ -58,7 +59,9 @@ struct decode_outcome {
   // the kernels were built for them (compute capability 9 or later).
   bool workspace_written = false;
   bool cluster_device = false;
-  bool counters_zero = false; // the workspace's counter bytes all zero after the last launch
+  // The arrival counters all zero after the last launch: the caller's (zeroed_counters), else
+  // the last plan's in the workspace (where it merges through the workspace).
+  bool counters_zero = false;
   // Whether the bytes just past the workspace (allocated with it, poisoned) are as they were: no
   // launch wrote beyond the plan's workspace_bytes().
   bool past_workspace_intact = false;

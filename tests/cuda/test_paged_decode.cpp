@@ -622,25 +622,35 @@ TEST_CASE("paged_decode: split rows that are not a multiple of four stay inside 
 TEST_CASE("paged_decode: one workspace serves plans of different batches in turn",
           "[cuda][decode]") {
   // An engine keeps one workspace while its batch grows and shrinks: each step's plan lays out
-  // the workspace differently, so no step may depend on what an earlier one left there.
+  // the workspace differently, so no step may depend on what an earlier one left there. The last
+  // step's 40 sequences (80 counters, 512 bytes) keep counters where the step before it (2
+  // sequences, 256 bytes of counters) left its partial log-sum-exps.
   const std::uint64_t seed = kvkit_test::test_seed(0x5EED);
   problem<bf16_nhd> pr(bf16_nhd(16, 2, 128), 4096, seed);
   const std::int32_t q_heads = 8;
   std::vector<kvkit_test::decode_step> steps;
-  for (const auto& lens : std::vector<std::vector<std::int32_t>>{
-           {3000, 2000, 1500, 900, 700, 5000}, {4000}, {2500, 3500, 100}, {1, 6000}}) {
+  for (const auto& lens :
+       std::vector<std::vector<std::int32_t>>{{3000, 2000, 1500, 900, 700, 5000},
+                                              {4000},
+                                              {2500, 3500, 100},
+                                              {1, 6000},
+                                              std::vector<std::int32_t>(40, 600)}) {
     steps.push_back(pr.make_step<__nv_bfloat16>(lens, q_heads));
   }
+  const auto last =
+      kvkit::plan_decode({40, q_heads, 2, 128, 0}, std::vector<std::int32_t>(40, 600), 4096);
+  REQUIRE(last.ok());
+  REQUIRE(last->max_splits > kvkit::decode_plan::max_cluster_splits);
   // Back to back, with no host synchronization between launches: each zeroes its arrival
-  // counters on the stream after the launch before it has counted in the same words; or, with a
-  // workspace the caller zeroed once, each leaves them zero for the next.
+  // counters on the stream after the launch before it has counted in the same words; or, with
+  // counters the caller zeroed once, each leaves them zero for the next.
   for (const bool zeroed : {false, true}) {
     kvkit_test::decode_mode mode;
-    mode.sm_count = 4096; // many splits, so every step uses the workspace
+    mode.sm_count = 4096; // many splits (over 8), so every step merges through the workspace
     mode.repeats = 3;
-    mode.workspace_zeroed = zeroed;
+    mode.zeroed_counters = zeroed;
     const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
-        pr.layout, pr.cache, pr.capacity, {6, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+        pr.layout, pr.cache, pr.capacity, {40, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
     INFO("seed " << seed << " zeroed " << zeroed << " error " << cudaGetErrorString(got.error));
     REQUIRE(got.error == cudaSuccess);
     CHECK(got.workspace_written);

@@ -67,6 +67,8 @@ TEST_CASE("a plan's workspace holds every partial result where the kernel puts i
       }
       const std::size_t rows = plan->partial_rows();
       CHECK(rows == static_cast<std::size_t>(batch) * static_cast<std::size_t>(plan->max_splits));
+      CHECK(plan->counter_count() == static_cast<std::size_t>(batch)); // one KV head
+      CHECK(plan->counter_bytes() >= plan->counter_count() * sizeof(std::uint32_t));
       CHECK(plan->counter_bytes() % 16 == 0);
       CHECK(plan->partial_outputs_offset() % 16 == 0);
       CHECK(plan->partial_outputs_offset() >= plan->counter_bytes() + rows * sizeof(float));
@@ -81,6 +83,25 @@ TEST_CASE("a plan's workspace holds every partial result where the kernel puts i
   REQUIRE(odd->max_splits == 17);
   CHECK(odd->partial_outputs_offset() == odd->counter_bytes() + 80);
   CHECK(odd->workspace_bytes() == odd->counter_bytes() + 80 + 17 * 128 * 4);
+}
+
+TEST_CASE("a plan's counters grow with its batch, over the bytes a smaller batch's plan writes",
+          "[attention][plan]") {
+  // Why decode_args::zeroed_counters live apart from the workspace: a workspace zeroed once
+  // would hold, where a plan for 40 sequences of 2 KV heads counts arrivals (80 counters), the
+  // partial log-sum-exps of a plan for 2 sequences (4 counters, 256 bytes of them).
+  const kvkit::paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
+  const auto small = kvkit::plan_decode(kvkit::decode_shape_for(layout, 2, 8, 0),
+                                        std::vector<std::int32_t>{1, 6000}, 4096);
+  const auto large = kvkit::plan_decode(kvkit::decode_shape_for(layout, 40, 8, 0),
+                                        std::vector<std::int32_t>(40, 600), 4096);
+  REQUIRE(small.ok());
+  REQUIRE(large.ok());
+  CHECK(small->counter_count() == 4);
+  CHECK(large->counter_count() == 80);
+  REQUIRE(small->workspace_bytes() > 0);
+  CHECK(large->counter_count() * sizeof(std::uint32_t) > small->counter_bytes());
+  CHECK(small->partial_outputs_offset() > small->counter_bytes()); // its log-sum-exps are there
 }
 
 TEST_CASE("plan_decode keeps a sequence within a cluster's splits where that costs little",

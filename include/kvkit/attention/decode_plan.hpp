@@ -167,9 +167,9 @@ struct decode_plan {
 
   //! Bytes of workspace: partial outputs and log-sum-exps (fp32) of every split, and one arrival
   //! counter per (sequence, KV head). Zero when no sequence is split. The launcher zeroes the
-  //! counters itself, so a workspace needs no initialization and can serve any plan that fits
-  //! (a caller that zeroes it once can let the launcher skip that: workspace_zeroed of the
-  //! launcher's arguments, kvkit::cuda::decode_args).
+  //! counters itself, so a workspace needs no initialization and can serve any plan that fits (a
+  //! caller can instead keep counters of its own at zero and let the launcher skip that:
+  //! zeroed_counters of the launcher's arguments, kvkit::cuda::decode_args).
   [[nodiscard]] constexpr std::size_t workspace_bytes() const {
     if (max_splits <= 1) {
       return 0;
@@ -188,11 +188,15 @@ struct decode_plan {
   [[nodiscard]] constexpr std::size_t partial_outputs_offset() const {
     return counter_bytes() + (partial_rows() + 3) / 4 * 4 * sizeof(float);
   }
-  //! Bytes of the arrival counters, at the start of the workspace.
+  //! Arrival counters of a launch with this plan: one per (sequence, KV head).
+  [[nodiscard]] constexpr std::size_t counter_count() const {
+    return static_cast<std::size_t>(shape.batch_size) *
+           static_cast<std::size_t>(shape.num_kv_heads);
+  }
+  //! Bytes of the arrival counters, at the start of the workspace. They grow with the plan's
+  //! batch, so a plan's partial log-sum-exps lie where a plan for a larger batch keeps counters.
   [[nodiscard]] constexpr std::size_t counter_bytes() const {
-    const auto n = static_cast<std::size_t>(shape.batch_size) *
-                   static_cast<std::size_t>(shape.num_kv_heads) * sizeof(std::uint32_t);
-    return (n + 255) / 256 * 256;
+    return (counter_count() * sizeof(std::uint32_t) + 255) / 256 * 256;
   }
 };
 

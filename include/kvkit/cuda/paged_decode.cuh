@@ -72,12 +72,19 @@ struct decode_args {
   //! a quantized one split in chunks of 1024 keys or more. False: an ordinary launch in stream
   //! order.
   bool dependent_launch = true;
-  //! The caller zeroed the workspace once (cudaMemset of all of it, before its first launch) and
-  //! uses it for nothing but these launches: each launch leaves its counters at zero again, so
-  //! the launcher skips the memset that zeroes them. The kernel then follows the kernel before it
-  //! directly, which is what lets a dependent launch overlap it. A launch that fails part way can
-  //! leave counters set: zero the workspace again after an error.
-  bool workspace_zeroed = false;
+  //! Arrival counters that the caller keeps at zero (optional): a device buffer of
+  //! zeroed_counter_count 32-bit counters, at least the plan's decode_plan::counter_count()
+  //! (allocate them for the largest batch), zeroed once (cudaMemset) before their first launch
+  //! and used for nothing but these launches. Every launch leaves them at zero again, whatever its
+  //! plan, so the launcher skips the memset that zeroes the workspace's own counters before a
+  //! launch that merges through the workspace: the kernel then follows the kernel before it
+  //! directly, which is what lets a dependent launch overlap it. They live apart from the
+  //! workspace because the workspace's counters move with the plan's batch: a workspace zeroed
+  //! once holds the partial results of a plan for a small batch where a plan for a larger one
+  //! keeps its counters. A launch that fails part way can leave counters set: zero them again
+  //! after an error. Null: the workspace's counters, zeroed by the launcher where they are used.
+  std::uint32_t* zeroed_counters = nullptr;
+  std::int64_t zeroed_counter_count = 0; //!< counters at zeroed_counters
   //! With dependent_launch: the page table (table.indptr, indices, last_page_len) is not written
   //! by the kernel the decode follows on the stream, nor by one still running before it (it was
   //! uploaded or built earlier, as an engine's page table is), so the decode reads it before it
@@ -111,11 +118,12 @@ inline constexpr bool decode_codec =
 //! are per-token ones (a per-page-channel codec is rejected), the page table's page size is the
 //! layout's, the batch fits the plan (equals it unless the plan is graph-safe), the pointers are
 //! set (the fp8 scales' pointer included: their values, on the device, are not checked; the cache,
-//! queries and outputs 16-byte aligned), options are in range, and the workspace holds
-//! plan.workspace_bytes() 16-byte-aligned bytes. The sequences' lengths are not checked on the
-//! host. A sequence with no pages (or no tokens) is skipped and its outputs and log-sum-exps left
-//! as they were, so a graph-safe batch can be padded with empty sequences; the CPU reference
-//! rejects empty ones.
+//! queries and outputs 16-byte aligned), options are in range, the workspace holds
+//! plan.workspace_bytes() 16-byte-aligned bytes, and zeroed counters, where given, number at least
+//! plan.counter_count() (a count without counters: bad_argument). The sequences' lengths are not
+//! checked on the host. A sequence with no pages (or no tokens) is skipped and its outputs and
+//! log-sum-exps left as they were, so a graph-safe batch can be padded with empty sequences; the
+//! CPU reference rejects empty ones.
 template <class Layout, query_element T>
 [[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
                               const void* workspace, std::size_t workspace_bytes) {
@@ -153,6 +161,13 @@ template <class Layout, query_element T>
   if (plan.workspace_bytes() > 0 &&
       (workspace == nullptr || workspace_bytes < plan.workspace_bytes() ||
        !detail::aligned<16>(workspace))) {
+    return errc::bad_argument;
+  }
+  if (a.zeroed_counters == nullptr
+          ? a.zeroed_counter_count != 0
+          : a.zeroed_counter_count < 0 ||
+                static_cast<std::uint64_t>(a.zeroed_counter_count) < plan.counter_count() ||
+                !detail::aligned<alignof(std::uint32_t)>(a.zeroed_counters)) {
     return errc::bad_argument;
   }
   return {};
@@ -2282,7 +2297,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   p.signal_early = false;
   if (plan.workspace_bytes() > 0) {
     auto* const ws = static_cast<std::byte*>(workspace);
-    p.counters = reinterpret_cast<std::uint32_t*>(ws);
+    p.counters =
+        a.zeroed_counters != nullptr ? a.zeroed_counters : reinterpret_cast<std::uint32_t*>(ws);
     p.part_lse = reinterpret_cast<float*>(ws + plan.counter_bytes());
     p.part_o = reinterpret_cast<float*>(ws + plan.partial_outputs_offset());
   }
@@ -2464,9 +2480,9 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   config.attrs = p.cluster ? attrs : attrs + 1;
   config.numAttrs = p.cluster ? 2 : 1;
   config.dynamicSmemBytes = p.cluster ? cluster_smem : smem;
-  if (plan.max_splits > 1 && !p.cluster && !a.workspace_zeroed) {
+  if (plan.max_splits > 1 && !p.cluster && a.zeroed_counters == nullptr) {
     // The arrival counters start at zero: where they lie depends on the plan, so a workspace
-    // that served another plan holds anything there (unless the caller keeps it zeroed).
+    // that served another plan holds anything there (unless the caller's counters are used).
     if (const cudaError_t e = cudaMemsetAsync(p.counters, 0, plan.counter_bytes(), stream);
         e != cudaSuccess) {
       return e;
@@ -2623,7 +2639,7 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! thread block clusters where it can (compute capability 9 and up, at most
 //! decode_plan::max_cluster_splits splits, and every cluster of the grid resident at once), and
 //! otherwise through the workspace, after zeroing its arrival counters with a memset on `stream`
-//! (skipped when the caller keeps the workspace zeroed: decode_args::workspace_zeroed).
+//! (skipped when the caller keeps counters of its own at zero: decode_args::zeroed_counters).
 //! One kernel launch, asynchronous on `stream` (by default a programmatic dependent launch:
 //! decode_args::dependent_launch); no allocation, no host synchronization, so a launch with a
 //! graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when
