@@ -131,6 +131,10 @@ std::vector<std::string> copy_validation_failures() {
   c = good;
   c.num_layers = 0;
   check("no layers", c, false);
+  c.num_layers = 65535; // the copy kernel's grid: a layer a row
+  check("65535 layers", c, true);
+  c.num_layers = 65536;
+  check("65536 layers", c, false);
   c = good;
   c.bytes_per_page = 40;
   check("page size not a multiple of 16", c, false);

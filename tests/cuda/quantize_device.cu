@@ -343,6 +343,11 @@ void shared_argument_cases(const Args& good, std::int32_t Args::*count, Ids Args
   with("page size 0", false, [](Args& a) { a.layout = layout_t(0, 8, 128); });
   with("no kv heads", false, [](Args& a) { a.layout = layout_t(16, 0, 128); });
   with("head dim not a multiple of 8", false, [](Args& a) { a.layout = layout_t(16, 8, 100); });
+  // The kernels locate codes in 32-bit arithmetic: a 16-bit page region of 2^27 elements (2^31
+  // bits) is the largest they take, though a page of twice that is a valid layout.
+  with("a page region of 2^31 bits", true, [](Args& a) { a.layout = layout_t(4096, 128, 256); });
+  static_assert(layout_t(8192, 128, 256).validate().ok());
+  with("a page region over 2^31 bits", false, [](Args& a) { a.layout = layout_t(8192, 128, 256); });
   with("null ids", false, [&](Args& a) { a.*ids = nullptr; });
   with("null cache", false, [](Args& a) { a.cache = nullptr; });
   with("null k", false, [](Args& a) { a.k = nullptr; });
@@ -387,6 +392,17 @@ std::vector<std::string> page_validation_failures() {
                      write);
   using w_kivi = kvkit::cuda::kv_write<l_kivi, __nv_bfloat16>;
   write("per-channel K", w_kivi{l_kivi(16, 8, 128), fake, 4, slots, 3, t, t, nullptr}, false);
+  // int8's quantizer reduces a head's row across 2, 4 or 8 lanes, as quantize_pages' does.
+  using w_int8 = kvkit::cuda::kv_write<l_int8, __nv_bfloat16>;
+  write("int8 (one scale a head vector) at head dim 96",
+        w_int8{l_int8(16, 8, 96), fake, 4, slots, 3, t, t, nullptr}, false);
+  write("int8 at head dim 80", w_int8{l_int8(16, 8, 80), fake, 4, slots, 3, t, t, nullptr}, false);
+  write("int8 at head dim 256", w_int8{l_int8(16, 8, 256), fake, 4, slots, 3, t, t, nullptr}, true);
+  // Tokens in blocks of four along the grid's x, counted in 32 bits.
+  write("INT32_MAX - 3 tokens",
+        w_fp16{l_fp16(16, 8, 128), fake, 4, slots, INT32_MAX - 3, t, t, nullptr}, true);
+  write("INT32_MAX - 2 tokens",
+        w_fp16{l_fp16(16, 8, 128), fake, 4, slots, INT32_MAX - 2, t, t, nullptr}, false);
 
   // quantize_pages and dequantize_pages: one validate, two launchers.
   const auto pages = [&](const char* name, const auto& b, bool expect_ok) {
@@ -406,6 +422,11 @@ std::vector<std::string> page_validation_failures() {
   pages("int8 (one scale a head vector) at head dim 96",
         b_int8{l_int8(16, 8, 96), fake, 4, ids, 2, t, t, nullptr}, false);
   pages("int8 at head dim 64", b_int8{l_int8(16, 8, 64), fake, 4, ids, 2, t, t, nullptr}, true);
+  // A page's tokens in blocks of four along the grid's y (at most 65535).
+  pages("pages of 262140 tokens", b_fp16{l_fp16(262140, 1, 64), fake, 4, ids, 2, t, t, nullptr},
+        true);
+  pages("pages of 262144 tokens", b_fp16{l_fp16(262144, 1, 64), fake, 4, ids, 2, t, t, nullptr},
+        false);
   return failed;
 }
 

@@ -223,6 +223,14 @@ TEST_CASE("GPU page quantization matches the reference on ties, signed zeros and
       {16, 8, 128}, 9, seed + 6, true);
 }
 
+TEST_CASE("per-channel quantization of rows wider than one CTA of its kernel", "[cuda][quant]") {
+  // 32 heads of 128 channels: 1024 threads of four channels, more than a CTA of the per-channel
+  // quantizer (72 registers a thread) can hold, so the launch splits them over the grid's y.
+  const std::uint64_t seed = kvkit_test::test_seed(1024);
+  check<paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<128>>, __nv_bfloat16>(
+      {16, 32, 128}, 3, seed);
+}
+
 TEST_CASE("pages smaller than a warp's chunks quantize correctly", "[cuda][quant]") {
   // One token of one 64-channel head is 8 chunks: most lanes of the warp have no work but still
   // take part in the group shuffles.

@@ -15,7 +15,9 @@
 namespace kvkit::cuda {
 
 //! Pages to copy: for every pair (src, dst) and every layer, page dst becomes a copy of page src.
-//! Pointers are device-visible (the layer arrays themselves live in device memory).
+//! Pointers are device-visible (the layer arrays themselves live in device memory), and each
+//! layer's cache is 16-byte aligned (the kernel moves 16 bytes at a time; the layer pointers are
+//! on the device, so validate() cannot check them).
 struct page_copies {
   std::byte* const* src_layers = nullptr; //!< [num_layers] caches read (device, or pinned host)
   std::byte* const* dst_layers = nullptr; //!< [num_layers] caches written
@@ -30,13 +32,15 @@ struct page_copies {
   std::int32_t dst_capacity = 0; //!< pages in each destination cache (the debug mode's bound)
 };
 
-//! bad_argument for a non-positive layer count or page size, a page size that is not a multiple
-//! of 16, a negative pair count, null pointers when there is work, or the debug mode without
-//! positive capacities. Page ids must lie inside both caches (checked on the device only in the
-//! debug mode, page_copies::page_check), and no page may be both a source and a destination of one
-//! batch (block_table's copy lists never are).
+//! bad_argument for a layer count outside 1 to 65535 (copy_blocks runs a layer a grid row), a
+//! non-positive page size or one that is not a multiple of 16, a negative pair count, null
+//! pointers when there is work, or the debug mode without positive capacities. Page ids must lie
+//! inside both caches (checked on the device only in the debug mode, page_copies::page_check),
+//! and no page may be both a source and a destination of one batch (block_table's copy lists
+//! never are).
 [[nodiscard]] inline status validate(const page_copies& c) {
-  if (c.num_layers <= 0 || c.bytes_per_page <= 0 || c.bytes_per_page % 16 != 0 || c.num_pairs < 0) {
+  if (c.num_layers <= 0 || c.num_layers > 65535 || c.bytes_per_page <= 0 ||
+      c.bytes_per_page % 16 != 0 || c.num_pairs < 0) {
     return errc::bad_argument;
   }
   if (c.num_pairs > 0 &&

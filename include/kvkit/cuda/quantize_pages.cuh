@@ -44,26 +44,40 @@ struct page_batch {
   std::int32_t* page_check = nullptr;
 };
 
-//! bad_argument unless the layout is valid and fits the kernels (head_dim a multiple of 8 and,
-//! for per-token-head codecs, 64, 128 or 256), the batch is non-negative, and when there is work
-//! the pointers that the codecs need are set, the cache, k and v 16-byte aligned (the kernels move
-//! 16 bytes at a time; a misaligned access would fault on the device), and capacity > 0.
-template <class Layout, page_element T>
-[[nodiscard]] status validate(const page_batch<Layout, T>& b) {
+namespace detail {
+
+//! Whether the page kernels and write_kv take pages of layout `l`: a valid layout with head_dim a
+//! multiple of 8 (the kernels move 8 channels at a time), 64, 128 or 256 for a codec with one
+//! scale per token and head (int8: its quantizer reduces a head's row across 2, 4 or 8 lanes),
+//! and a page region of at most 2^31 bits (the kernels locate codes in 32-bit arithmetic).
+template <class Layout>
+[[nodiscard]] bool page_kernels_fit(const Layout& l) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  const auto& l = b.layout;
-  if (!l.validate().ok() || l.head_dim() % 8 != 0 || b.num_pages < 0) {
-    return errc::bad_argument;
-  }
-  const auto head_vector_ok = [&](auto codec) {
+  const auto head_dim_fits = [&](auto codec) {
     using C = decltype(codec);
     if constexpr (C::scaling == kv_scaling::per_token_head) {
       return l.head_dim() == 64 || l.head_dim() == 128 || l.head_dim() == 256;
     }
     return true;
   };
-  if (!head_vector_ok(K{}) || !head_vector_ok(V{})) {
+  constexpr std::int64_t widest = K::bits > V::bits ? K::bits : V::bits;
+  return l.validate().ok() && l.head_dim() % 8 == 0 && head_dim_fits(K{}) && head_dim_fits(V{}) &&
+         l.elements() * widest <= (std::int64_t{1} << 31);
+}
+
+} // namespace detail
+
+//! bad_argument unless the layout fits the kernels (head_dim a multiple of 8 and, for
+//! per-token-head codecs, 64, 128 or 256; a page's K or V region at most 2^31 bits; pages of at
+//! most 262140 tokens), the batch is non-negative, and when there is work the pointers that the
+//! codecs need are set, the cache, k and v 16-byte aligned (the kernels move 16 bytes at a time; a
+//! misaligned access would fault on the device), and capacity > 0.
+template <class Layout, page_element T>
+[[nodiscard]] status validate(const page_batch<Layout, T>& b) {
+  const auto& l = b.layout;
+  // The kernels take a page's tokens in blocks of four along the grid's y (at most 65535).
+  if (!detail::page_kernels_fit(l) || l.page_size() > 4 * 65535 || b.num_pages < 0) {
     return errc::bad_argument;
   }
   if (b.num_pages > 0 &&
@@ -125,6 +139,7 @@ __device__ inline void load_codes(const std::byte* src, std::uint32_t (&q)[8]) {
 // Tokens one CTA of the rows, runs and dequantize kernels covers: their loads are issued
 // together, so each thread keeps this many accesses in flight.
 inline constexpr std::int32_t tokens_per_cta = 4;
+static_assert(tokens_per_cta == 4, "validate(page_batch) bounds the page size by 4 * 65535");
 
 // Where a token row comes from and goes: its input (nullptr when there is no such token), its
 // page and its token index in the page.
@@ -608,8 +623,14 @@ __device__ inline void widen_quad(const quad_raw<T>& r, float (&x)[4]) {
 // finite and within ±65504, the zero point (rounded down) and the scale put every
 // (x - zero) * inv in [0, 15.5), so codes need no clamp. Otherwise the thread ranges its channels
 // again as the scalar code does and codes with it.
+// Registers of the per-channel quantizer, and so the most threads a CTA of it can have: each warp
+// holds its registers in units of 256, and a CTA at most 65536 of them.
+inline constexpr int columns_registers = 72;
+inline constexpr unsigned columns_max_threads =
+    65536 / ((columns_registers * 32 + 255) / 256 * 256) * 32;
+
 template <kv_codec C, bool Checked, class Layout, class T>
-__global__ void __maxnreg__(72)
+__global__ void __maxnreg__(columns_registers)
     quantize_columns_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
                             std::int64_t data_offset, std::int64_t param_offset, page_guard guard) {
   static_assert(C::bits == 4 && C::param_bytes == 4);
@@ -868,7 +889,7 @@ cudaError_t launch_region(const page_batch<Layout, T>& b, T* elements, std::int6
     if constexpr (Quantize) {
       // A thread per four channels.
       const auto quads = static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 4;
-      const unsigned quad_threads = threads_for(quads);
+      const unsigned quad_threads = std::min(threads_for(quads), columns_max_threads);
       const dim3 grid(pages, static_cast<unsigned>((quads + quad_threads - 1) / quad_threads));
       quantize_columns_kernel<C, Checked><<<grid, quad_threads, 0, stream>>>(
           l, elements, b.cache, b.page_ids, data_offset, param_offset, guard);
