@@ -511,6 +511,28 @@ TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {
         kvkit::errc::bad_argument);
 }
 
+TEST_CASE("plans cover at most 2^31 - 64 keys, so that their chunk fits 32 bits",
+          "[attention][plan]") {
+  // 512 (sequence, KV head) pairs over a device's 264 blocks: each sequence is one chunk of its
+  // whole length, rounded up to tiles. A bound of INT32_MAX ("no bound") would round to 2^31.
+  const kvkit::decode_shape shape{64, 32, 8, 128, 0};
+  const std::int32_t most = INT32_MAX / 64 * 64; // 2^31 - 64
+  const auto at_most = kvkit::plan_decode_graph_safe(shape, most, 132);
+  REQUIRE(at_most.ok());
+  CHECK(at_most->chunk_tokens > 0);
+  CHECK(at_most->chunk_tokens % kvkit::decode_plan::tile_tokens == 0);
+  CHECK(static_cast<std::int64_t>(at_most->chunk_tokens) * at_most->max_splits >= most);
+  CHECK(kvkit::plan_decode_graph_safe(shape, most + 1, 132).error() == kvkit::errc::bad_argument);
+  CHECK(kvkit::plan_decode_graph_safe(shape, INT32_MAX, 132).error() == kvkit::errc::bad_argument);
+  const std::vector<std::int32_t> lens(64, INT32_MAX);
+  CHECK(kvkit::plan_decode(shape, lens, 132).error() == kvkit::errc::bad_argument);
+  // Within a sliding window a sequence attends to the window only, whatever its length.
+  kvkit::decode_shape windowed = shape;
+  windowed.window = 4096;
+  CHECK(kvkit::plan_decode_graph_safe(windowed, INT32_MAX, 132).ok());
+  CHECK(kvkit::plan_decode(windowed, lens, 132).ok());
+}
+
 TEST_CASE("plan_decode's plans hold their invariants over random shapes, lengths and devices",
           "[attention][plan]") {
   // Every valid shape (head dims, groups, widths, pages, orders, windows), batches of wildly

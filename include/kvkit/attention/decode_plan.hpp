@@ -215,6 +215,11 @@ namespace detail {
   return window > 0 ? std::min<std::int64_t>(len, window) : len;
 }
 
+// The most keys a plan covers: the longest whole number of tiles whose count of keys, a plan's
+// chunk_tokens, fits in 32 bits (2^31 - 64).
+inline constexpr std::int64_t max_plan_keys =
+    std::int64_t{INT32_MAX} / decode_plan::tile_tokens * decode_plan::tile_tokens;
+
 // `keys` rounded up to whole tiles, at least one.
 [[nodiscard]] constexpr std::int64_t whole_tiles(std::int64_t keys) {
   constexpr std::int64_t tile = decode_plan::tile_tokens;
@@ -389,7 +394,8 @@ template <class Lengths>
 //! A plan for the batch whose sequence lengths (cached tokens, the new one included) are
 //! `seq_lens` (host memory, shape.batch_size entries), for a GPU of `sm_count` multiprocessors
 //! (cudaDevAttrMultiProcessorCount). bad_argument on a bad shape, a length count that is not the
-//! batch size, or a length below 1.
+//! batch size, a length below 1, or one that attends more than 2^31 - 64 keys (its chunk would
+//! not fit chunk_tokens).
 [[nodiscard]] inline result<decode_plan> plan_decode(const decode_shape& shape,
                                                      std::span<const std::int32_t> seq_lens,
                                                      std::int32_t sm_count) {
@@ -404,6 +410,9 @@ template <class Lengths>
     }
     max_len = std::max(max_len, detail::attended(len, shape.window));
   }
+  if (max_len > detail::max_plan_keys) {
+    return errc::bad_argument;
+  }
   return detail::choose_splits(
       shape,
       [&](auto&& f) {
@@ -417,13 +426,18 @@ template <class Lengths>
 //! A plan that stays valid for any batch of at most shape.batch_size sequences, so launches with
 //! it can be captured in a CUDA graph and replayed while the lengths change. It splits as if every
 //! sequence had `max_seq_len` tokens; a longer sequence still decodes correctly (its blocks take
-//! longer chunks). bad_argument on a bad shape or a bound below 1.
+//! longer chunks). bad_argument on a bad shape, a bound below 1, or one that attends more than
+//! 2^31 - 64 keys (a bound of INT32_MAX for "no bound" is one: pass the longest length the engine
+//! serves).
 [[nodiscard]] inline result<decode_plan>
 plan_decode_graph_safe(const decode_shape& shape, std::int32_t max_seq_len, std::int32_t sm_count) {
   if (!shape.validate().ok() || max_seq_len < 1 || sm_count <= 0) {
     return errc::bad_argument;
   }
   const std::int64_t len = detail::attended(max_seq_len, shape.window);
+  if (len > detail::max_plan_keys) {
+    return errc::bad_argument;
+  }
   decode_plan plan = detail::choose_splits(
       shape,
       [&](auto&& f) {
