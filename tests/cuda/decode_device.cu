@@ -544,6 +544,19 @@ std::vector<std::string> decode_validation_failures() {
   a = good;
   a.capacity = 0;
   check("no capacity", a, plan, fake, ws, false);
+  // At most 65535 sequences (the grid's z), though a plan takes more.
+  for (const std::int32_t batch : {65535, 65536}) {
+    const std::vector<std::int32_t> many(static_cast<std::size_t>(batch), 100);
+    const auto wide = kvkit::plan_decode({batch, 8, 2, 128, 0}, many, 132);
+    if (!wide.ok()) {
+      failed.emplace_back("no plan for 65535 or 65536 sequences");
+      continue;
+    }
+    a = good;
+    a.table.batch_size = batch;
+    check(batch == 65535 ? "65535 sequences" : "65536 sequences", a, *wide, fake,
+          wide->workspace_bytes(), batch == 65535);
+  }
   // The caller's zeroed counters: one per (sequence, KV head) of the plan, 4-byte aligned.
   auto* const counters = reinterpret_cast<std::uint32_t*>(fake);
   const auto needed = static_cast<std::int64_t>(plan.counter_count());

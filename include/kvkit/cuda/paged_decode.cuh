@@ -116,9 +116,10 @@ inline constexpr bool decode_codec =
 //! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim,
 //! kv_bits, kv_scaled_one_width, and page_size unless 0: decode_shape_for gives them), the codecs
 //! are per-token ones (a per-page-channel codec is rejected), the page table's page size is the
-//! layout's, the batch fits the plan (equals it unless the plan is graph-safe), the pointers are
-//! set (the fp8 scales' pointer included: their values, on the device, are not checked; the cache,
-//! queries and outputs 16-byte aligned), options are in range, the workspace holds
+//! layout's, the batch fits the plan (equals it unless the plan is graph-safe), the plan's batch
+//! and KV heads are at most 65535 each (the grid's z and y; plan_decode takes more), the pointers
+//! are set (the fp8 scales' pointer included: their values, on the device, are not checked; the
+//! cache, queries and outputs 16-byte aligned), options are in range, the workspace holds
 //! plan.workspace_bytes() 16-byte-aligned bytes, and zeroed counters, where given, number at least
 //! plan.counter_count() (a count without counters: bad_argument). The sequences' lengths are not
 //! checked on the host. A sequence with no pages (or no tokens) is skipped and its outputs and
