@@ -243,6 +243,38 @@ TEST_CASE("bad requests and results are rejected while the others go on", "[sche
   CHECK_FALSE(kvkit::scheduler_config{.preemption = kvkit::preemption_mode::swap}.validate().ok());
 }
 
+TEST_CASE("a request aborted while its step is in flight is left out of that step's results",
+          "[scheduler]") {
+  // Request 1 samples this step (its whole prompt fits), request 2 computes a prefill chunk (no
+  // sample); both are aborted between step() and complete_step(), and 2 is queued again at once.
+  rig r(32, {.max_running = 4, .max_batched_tokens = 12, .prefill_chunk = 8});
+  REQUIRE(r.sched.add_request({1, prompt_of(4), 3, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(12), 3, 0}).ok());
+  REQUIRE(r.sched.add_request({3, prompt_of(4), 3, 0}).ok());
+  const auto& plan = r.sched.step();
+  REQUIRE(plan.batch.size() == 2);
+  REQUIRE(plan.batch[0].samples);
+  REQUIRE_FALSE(plan.batch[1].samples);
+  const std::int32_t used = r.pool.num_used();
+  REQUIRE(r.sched.abort(1).ok());
+  REQUIRE(r.sched.abort(2).ok());
+  CHECK(r.pool.num_used() < used); // their blocks are free at once
+  REQUIRE(r.sched.add_request({2, prompt_of(12), 3, 0}).ok());
+  const std::vector<token_id> one{7};
+  const kvkit::sample_result late{1, one, false};
+  CHECK(r.sched.complete_step(std::span(&late, 1)).error() == errc::unknown_sequence);
+  const auto done = r.sched.complete_step({}); // nothing left to sample in this step
+  REQUIRE(done.ok());
+  CHECK(done->empty());
+  CHECK_FALSE(r.table.contains(1));
+  // The new request 2 and request 3 run to the end.
+  const auto out = r.run();
+  CHECK(out.size() == 2);
+  CHECK(out.contains(2));
+  CHECK(out.contains(3));
+  CHECK(r.pool.num_used() == 0);
+}
+
 TEST_CASE("abort gives back a running request's blocks", "[scheduler]") {
   rig r(16, {.max_running = 4, .max_batched_tokens = 16, .prefill_chunk = 16});
   REQUIRE(r.sched.add_request({1, prompt_of(8), 4, 0}).ok());

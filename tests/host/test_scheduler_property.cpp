@@ -62,6 +62,19 @@ public:
         }
         continue;
       }
+      // Now and then a request is aborted between steps, wherever it is (waiting, running or
+      // swapped out).
+      if (!expected_.empty() && pick(0, 40) == 0) {
+        auto victim = expected_.begin();
+        std::advance(victim, pick(0, static_cast<std::int32_t>(expected_.size()) - 1));
+        if (!finished_.contains(victim->first)) {
+          if (!sched_.abort(victim->first).ok()) {
+            return "step " + std::to_string(step) + ": abort failed";
+          }
+          expected_.erase(victim);
+          continue;
+        }
+      }
       std::string broken = one_step();
       if (broken.empty()) {
         broken = check();
@@ -183,6 +196,18 @@ private:
       if (eos) {
         m.max_new = static_cast<std::int32_t>(m.tokens.size()) - m.prompt_len;
       }
+    }
+    // Now and then a request of this step is aborted before its results come back (its client
+    // is gone): the step completes for the others.
+    if (!plan.batch.empty() && pick(0, 12) == 0) {
+      const seq_id gone = plan.batch[static_cast<std::size_t>(
+                                         pick(0, static_cast<std::int32_t>(plan.batch.size()) - 1))]
+                              .id;
+      if (!sched_.abort(gone).ok()) {
+        return "abort of a request in flight failed";
+      }
+      expected_.erase(gone);
+      std::erase_if(samples, [&](const kvkit::sample_result& r) { return r.id == gone; });
     }
     const auto done = sched_.complete_step(samples);
     if (!done.ok()) {

@@ -151,12 +151,20 @@ public:
   }
 
   //! Removes a request wherever it is, giving back its blocks. unknown_sequence if there is none.
+  //! Also between step() and complete_step(): a request of the step in flight then has no result
+  //! to report (complete_step takes the others' and rejects one for it as unknown_sequence), and
+  //! its blocks are free again at once. The step's kernels may still write them, which does no
+  //! harm: nothing allocates them before the next step(), whose work the engine queues after this
+  //! step's.
   [[nodiscard]] status abort(seq_id id) {
     const auto it = requests_.find(id);
     if (it == requests_.end()) {
       return errc::unknown_sequence;
     }
     entry& e = it->second;
+    if (e.step_epoch == step_epoch_ && plan_.batch[e.batch_index].samples) {
+      --num_sampling_; // its result is no longer awaited
+    }
     if (e.where == place::running) {
       (void)cache_->forget(id);
       (void)table_->free(id);
@@ -258,7 +266,11 @@ public:
     std::vector<finished_request> done;
     const std::int32_t bs = table_->block_size();
     for (const scheduled_sequence& sched : plan_.batch) {
-      entry& e = requests_.at(sched.id);
+      const auto found = requests_.find(sched.id);
+      if (found == requests_.end() || found->second.step_epoch != step_epoch_) {
+        continue; // aborted since step() (its id may have been queued again)
+      }
+      entry& e = found->second;
       const std::int32_t before = e.computed;
       if (e.sample_epoch != epoch_) {
         e.computed += sched.num_tokens; // a prefill chunk
