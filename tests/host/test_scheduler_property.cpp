@@ -97,6 +97,7 @@ public:
   }
 
   std::int64_t preemptions() const { return sched_.num_preemptions(); }
+  std::int64_t aborts_in_flight() const { return aborts_in_flight_; }
 
 private:
   struct model {
@@ -207,6 +208,7 @@ private:
         return "abort of a request in flight failed";
       }
       expected_.erase(gone);
+      ++aborts_in_flight_;
       std::erase_if(samples, [&](const kvkit::sample_result& r) { return r.id == gone; });
     }
     const auto done = sched_.complete_step(samples);
@@ -272,6 +274,7 @@ private:
   std::vector<token_id> host_;
   std::map<seq_id, model> expected_;
   std::map<seq_id, bool> finished_;
+  std::int64_t aborts_in_flight_ = 0;
 };
 
 template <class Policy>
@@ -281,6 +284,8 @@ std::int64_t run(const setup& s, std::uint64_t seed) {
   if (!broken.empty()) {
     FAIL("seed " << seed << " (KVKIT_TEST_SEED=" << seed << "): " << broken);
   }
+  // Requests aborted while their step was in flight: the path must have been taken.
+  CHECK(h.aborts_in_flight() > 0);
   return h.preemptions();
 }
 
