@@ -422,6 +422,13 @@ std::vector<std::string> page_validation_failures() {
   pages("int8 (one scale a head vector) at head dim 96",
         b_int8{l_int8(16, 8, 96), fake, 4, ids, 2, t, t, nullptr}, false);
   pages("int8 at head dim 64", b_int8{l_int8(16, 8, 64), fake, 4, ids, 2, t, t, nullptr}, true);
+  // A per-channel codec's quads of four channels in CTAs of 896 along the grid's y (at most
+  // 65535): 1834980 heads of 128 channels fill 65535 CTAs.
+  using b_kivi = kvkit::cuda::page_batch<l_kivi, __nv_bfloat16>;
+  pages("per-channel K on 65535 CTAs of a page",
+        b_kivi{l_kivi(1, 1834980, 128), fake, 4, ids, 2, t, t, nullptr}, true);
+  pages("per-channel K on 65536 CTAs of a page",
+        b_kivi{l_kivi(1, 1834981, 128), fake, 4, ids, 2, t, t, nullptr}, false);
   // A page's tokens in blocks of four along the grid's y (at most 65535).
   pages("pages of 262140 tokens", b_fp16{l_fp16(262140, 1, 64), fake, 4, ids, 2, t, t, nullptr},
         true);

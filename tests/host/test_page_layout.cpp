@@ -78,6 +78,13 @@ TEST_CASE("invalid geometries are rejected", "[layout]") {
   CHECK_FALSE(kvkit::paged_layout<kvkit::int4_channel_codec>(16, 8, 127).validate().ok());
   CHECK_FALSE(kvkit::paged_layout<kvkit::fp16_codec>(1 << 20, 64, 256).validate().ok());
   CHECK(kvkit::paged_layout<kvkit::int8_codec>(16, 8, 127).validate().ok());
+  // A page stays under 2 GiB with its parameters too: per-channel scales of a one-token page of
+  // 2^28 channels take 1 GiB each for K and V, over the data's 128 MiB each.
+  using per_channel = kvkit::paged_layout<kvkit::int4_channel_codec>;
+  CHECK(per_channel(1, 1 << 21, 128).bytes_per_page() > INT32_MAX);
+  CHECK(per_channel(1, 1 << 21, 128).validate().error() == kvkit::errc::bad_argument);
+  CHECK(per_channel(1, 1 << 20, 128).bytes_per_page() <= INT32_MAX);
+  CHECK(per_channel(1, 1 << 20, 128).validate().ok());
 }
 
 TEST_CASE("NHD and HND orders", "[layout]") {

@@ -46,6 +46,13 @@ struct page_batch {
 
 namespace detail {
 
+// Registers of the per-channel quantizer, and so the most threads a CTA of it can have: each warp
+// holds its registers in units of 256, and a CTA at most 65536 of them. A page's channels take
+// CTAs of that many threads along the grid's y, so the kernel takes up to 65535 of them.
+inline constexpr int columns_registers = 72;
+inline constexpr unsigned columns_max_threads =
+    65536 / ((columns_registers * 32 + 255) / 256 * 256) * 32;
+
 //! Whether the page kernels and write_kv take pages of layout `l`: a valid layout with head_dim a
 //! multiple of 8 (the kernels move 8 channels at a time), 64, 128 or 256 for a codec with one
 //! scale per token and head (int8: its quantizer reduces a head's row across 2, 4 or 8 lanes),
@@ -70,14 +77,21 @@ template <class Layout>
 
 //! bad_argument unless the layout fits the kernels (head_dim a multiple of 8 and, for
 //! per-token-head codecs, 64, 128 or 256; a page's K or V region at most 2^31 bits; pages of at
-//! most 262140 tokens), the batch is non-negative, and when there is work the pointers that the
-//! codecs need are set, the cache, k and v 16-byte aligned (the kernels move 16 bytes at a time; a
-//! misaligned access would fault on the device), and capacity > 0.
+//! most 262140 tokens; for a per-channel codec, at most 65535 * 896 four-channel quads a token,
+//! over 234 million channels), the batch is non-negative, and when there is work the pointers that
+//! the codecs need are set, the cache, k and v 16-byte aligned (the kernels move 16 bytes at a
+//! time; a misaligned access would fault on the device), and capacity > 0.
 template <class Layout, page_element T>
 [[nodiscard]] status validate(const page_batch<Layout, T>& b) {
   const auto& l = b.layout;
   // The kernels take a page's tokens in blocks of four along the grid's y (at most 65535).
   if (!detail::page_kernels_fit(l) || l.page_size() > 4 * 65535 || b.num_pages < 0) {
+    return errc::bad_argument;
+  }
+  constexpr bool per_channel = Layout::k_codec::scaling == kv_scaling::per_page_channel ||
+                               Layout::v_codec::scaling == kv_scaling::per_page_channel;
+  if (per_channel && static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 4 >
+                         std::int64_t{65535} * detail::columns_max_threads) {
     return errc::bad_argument;
   }
   if (b.num_pages > 0 &&
@@ -623,12 +637,6 @@ __device__ inline void widen_quad(const quad_raw<T>& r, float (&x)[4]) {
 // finite and within ±65504, the zero point (rounded down) and the scale put every
 // (x - zero) * inv in [0, 15.5), so codes need no clamp. Otherwise the thread ranges its channels
 // again as the scalar code does and codes with it.
-// Registers of the per-channel quantizer, and so the most threads a CTA of it can have: each warp
-// holds its registers in units of 256, and a CTA at most 65536 of them.
-inline constexpr int columns_registers = 72;
-inline constexpr unsigned columns_max_threads =
-    65536 / ((columns_registers * 32 + 255) / 256 * 256) * 32;
-
 template <kv_codec C, bool Checked, class Layout, class T>
 __global__ void __maxnreg__(columns_registers)
     quantize_columns_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,

@@ -50,14 +50,16 @@ public:
                                            std::int32_t head_dim)
       : page_size_(page_size), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {}
 
-  //! bad_argument unless every dimension is positive, a page stays under 2 GiB, 4-bit codecs have
-  //! an even head_dim, and grouped codecs' group size divides head_dim.
+  //! bad_argument unless every dimension is positive, a page's K and V would take at most 1 GiB
+  //! as 16-bit elements, the page with its codecs' parameters stays under 2 GiB (bytes_per_page()
+  //! at most INT32_MAX: kernels locate a page's bytes in 32 bits), 4-bit codecs have an even
+  //! head_dim, and grouped codecs' group size divides head_dim.
   [[nodiscard]] constexpr status validate() const noexcept {
     if (page_size_ <= 0 || num_kv_heads_ <= 0 || head_dim_ <= 0 ||
         static_cast<std::int64_t>(page_size_) * num_kv_heads_ * head_dim_ * 2 * 2 > (1LL << 30)) {
       return errc::bad_argument;
     }
-    if (!fits<KCodec>() || !fits<VCodec>()) {
+    if (!fits<KCodec>() || !fits<VCodec>() || bytes_per_page() > INT32_MAX) {
       return errc::bad_argument;
     }
     return {};

@@ -205,7 +205,8 @@ struct bf16_codec : detail::float16_passthrough<true> {};
 template <fp8_format Format>
 struct fp8_codec {
   struct params {
-    float scale = 1.0F; // must be finite and > 0 (validated by the reference and the launchers)
+    float scale = 1.0F; // must be finite and > 0 (the reference checks; the GPU launchers take
+                        // the scales on the device and check only that they are given)
     float inv = 1.0F;   // 1 / scale
   };
   //! Parameters for a calibrated scale.
