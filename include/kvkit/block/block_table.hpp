@@ -27,8 +27,9 @@ namespace kvkit {
 //! recently released block first gives up the end of a chain before its head). Appending into a
 //! partly filled block that another sequence also holds, or whose contents a prefix cache published
 //! (when the allocator has `is_cached`, as block_pool does), moves this sequence onto a fresh block
-//! and reports the `(src, dst)` copy the engine runs before attention (copy-on-write). The source
-//! keeps a reference until `release_copy_sources()`, so one step's copies never overlap.
+//! and reports the `(src, dst)` copy the engine runs before the step writes its new K/V
+//! (copy-on-write: the copy moves the whole page, so run after the write it would undo it). The
+//! source keeps a reference until `release_copy_sources()`, so one step's copies never overlap.
 //!
 //! The allocator must outlive the table; the table's destructor releases every block it holds.
 //! Failed operations return an error code and change nothing. Not thread-safe.
@@ -247,8 +248,9 @@ public:
   }
 
   //! Releases the sources of the copy-on-write orders returned since the last call. Call it once
-  //! the engine has run those copies (once per step, after the copy kernel); until then each
-  //! source keeps one reference, so no block is both read and written by one step's copies.
+  //! the engine has run those copies, or queued them on the stream where every later write of
+  //! those blocks is queued too (once per step, after the copy kernel); until then each source
+  //! keeps one reference, so no block is both read and written by one step's copies.
   void release_copy_sources() noexcept {
     for (const block_id b : copy_sources_) {
       [[maybe_unused]] const status released = allocator_->release(b);

@@ -35,9 +35,10 @@ struct append_info {
 //!  - `m.append_tokens(s, n, slots)` -> `result<append_info>`: grows `s` by `n` tokens, allocating
 //!    blocks as needed, and writes each new token's slot into `slots` (when it is not empty). A
 //!    write into a block shared with another sequence first moves the sequence onto a fresh copy
-//!    and reports the `(src, dst)` pair to execute before attention. All or nothing.
-//!  - `m.release_copy_sources()`: the copies reported so far have run; their sources may be
-//!    reused.
+//!    and reports the `(src, dst)` pair to execute before the step writes its new K/V. All or
+//!    nothing.
+//!  - `m.release_copy_sources()`: the copies reported so far have run (or are queued before any
+//!    later write of their blocks, on one stream); their sources may be reused.
 //!  - `m.truncate(s, n)` -> `status`: shortens `s` to `n` tokens, releasing blocks past the end.
 //!  - `m.fork(s, t)` -> `status`: new sequence `t` shares every block of `s` (no data copied).
 //!  - `m.free(s)` -> `status`: releases every block of `s` and forgets it.
