@@ -46,6 +46,10 @@ struct page_batch {
 
 namespace detail {
 
+// Tokens one CTA of the rows, runs and dequantize kernels covers: their loads are issued
+// together, so each thread keeps this many accesses in flight.
+inline constexpr std::int32_t tokens_per_cta = 4;
+
 // Registers of the per-channel quantizer, and so the most threads a CTA of it can have: each warp
 // holds its registers in units of 256, and a CTA at most 65536 of them. A page's channels take
 // CTAs of that many threads along the grid's y, so the kernel takes up to 65535 of them.
@@ -84,8 +88,9 @@ template <class Layout>
 template <class Layout, page_element T>
 [[nodiscard]] status validate(const page_batch<Layout, T>& b) {
   const auto& l = b.layout;
-  // The kernels take a page's tokens in blocks of four along the grid's y (at most 65535).
-  if (!detail::page_kernels_fit(l) || l.page_size() > 4 * 65535 || b.num_pages < 0) {
+  // The kernels take a page's tokens in blocks along the grid's y (at most 65535).
+  if (!detail::page_kernels_fit(l) || l.page_size() > detail::tokens_per_cta * 65535 ||
+      b.num_pages < 0) {
     return errc::bad_argument;
   }
   constexpr bool per_channel = Layout::k_codec::scaling == kv_scaling::per_page_channel ||
@@ -149,11 +154,6 @@ __device__ inline void load_codes(const std::byte* src, std::uint32_t (&q)[8]) {
     }
   }
 }
-
-// Tokens one CTA of the rows, runs and dequantize kernels covers: their loads are issued
-// together, so each thread keeps this many accesses in flight.
-inline constexpr std::int32_t tokens_per_cta = 4;
-static_assert(tokens_per_cta == 4, "validate(page_batch) bounds the page size by 4 * 65535");
 
 // Where a token row comes from and goes: its input (nullptr when there is no such token), its
 // page and its token index in the page.
