@@ -526,6 +526,15 @@ TEST_CASE("plans cover at most 2^31 - 64 keys, so that their chunk fits 32 bits"
   CHECK(kvkit::plan_decode_graph_safe(shape, INT32_MAX, 132).error() == kvkit::errc::bad_argument);
   const std::vector<std::int32_t> lens(64, INT32_MAX);
   CHECK(kvkit::plan_decode(shape, lens, 132).error() == kvkit::errc::bad_argument);
+  // Split, a plan's last split ends up to a tile a split past the longest sequence: one sequence
+  // of one KV head near 2^31 keys is split (many splits), and its splits must end by INT32_MAX.
+  const kvkit::decode_shape one{1, 8, 1, 128, 0};
+  CHECK(kvkit::plan_decode_graph_safe(one, most, 132).error() == kvkit::errc::bad_argument);
+  const auto split = kvkit::plan_decode_graph_safe(one, INT32_MAX - 20000, 132);
+  REQUIRE(split.ok());
+  CHECK(split->max_splits > 1);
+  CHECK(static_cast<std::int64_t>(split->chunk_tokens) * split->max_splits <= INT32_MAX);
+  CHECK(static_cast<std::int64_t>(split->chunk_tokens) * split->max_splits >= INT32_MAX - 20000);
   // Within a sliding window a sequence attends to the window only, whatever its length.
   kvkit::decode_shape windowed = shape;
   windowed.window = 4096;

@@ -220,6 +220,12 @@ namespace detail {
 inline constexpr std::int64_t max_plan_keys =
     std::int64_t{INT32_MAX} / decode_plan::tile_tokens * decode_plan::tile_tokens;
 
+// Whether the kernel can address every split of `plan` in 32 bits: the end of its last split
+// (max_splits * chunk_tokens, up to one tile a split past the longest sequence) at most INT32_MAX.
+[[nodiscard]] constexpr bool splits_fit(const decode_plan& plan) {
+  return static_cast<std::int64_t>(plan.chunk_tokens) * plan.max_splits <= INT32_MAX;
+}
+
 // `keys` rounded up to whole tiles, at least one.
 [[nodiscard]] constexpr std::int64_t whole_tiles(std::int64_t keys) {
   constexpr std::int64_t tile = decode_plan::tile_tokens;
@@ -395,7 +401,8 @@ template <class Lengths>
 //! `seq_lens` (host memory, shape.batch_size entries), for a GPU of `sm_count` multiprocessors
 //! (cudaDevAttrMultiProcessorCount). bad_argument on a bad shape, a length count that is not the
 //! batch size, a length below 1, or one that attends more than 2^31 - 64 keys (its chunk would
-//! not fit chunk_tokens).
+//! not fit chunk_tokens), or, split, ends its last split past INT32_MAX keys (lengths within
+//! about 16k keys of 2^31).
 [[nodiscard]] inline result<decode_plan> plan_decode(const decode_shape& shape,
                                                      std::span<const std::int32_t> seq_lens,
                                                      std::int32_t sm_count) {
@@ -413,7 +420,7 @@ template <class Lengths>
   if (max_len > detail::max_plan_keys) {
     return errc::bad_argument;
   }
-  return detail::choose_splits(
+  const decode_plan plan = detail::choose_splits(
       shape,
       [&](auto&& f) {
         for (const std::int32_t len : seq_lens) {
@@ -421,14 +428,18 @@ template <class Lengths>
         }
       },
       max_len, sm_count);
+  if (!detail::splits_fit(plan)) {
+    return errc::bad_argument;
+  }
+  return plan;
 }
 
 //! A plan that stays valid for any batch of at most shape.batch_size sequences, so launches with
 //! it can be captured in a CUDA graph and replayed while the lengths change. It splits as if every
 //! sequence had `max_seq_len` tokens; a longer sequence still decodes correctly (its blocks take
 //! longer chunks). bad_argument on a bad shape, a bound below 1, or one that attends more than
-//! 2^31 - 64 keys (a bound of INT32_MAX for "no bound" is one: pass the longest length the engine
-//! serves).
+//! 2^31 - 64 keys or whose splits end past INT32_MAX keys (a bound of INT32_MAX for "no bound" is
+//! one: pass the longest length the engine serves).
 [[nodiscard]] inline result<decode_plan>
 plan_decode_graph_safe(const decode_shape& shape, std::int32_t max_seq_len, std::int32_t sm_count) {
   if (!shape.validate().ok() || max_seq_len < 1 || sm_count <= 0) {
@@ -446,6 +457,9 @@ plan_decode_graph_safe(const decode_shape& shape, std::int32_t max_seq_len, std:
         }
       },
       len, sm_count);
+  if (!detail::splits_fit(plan)) {
+    return errc::bad_argument;
+  }
   plan.graph_safe = true;
   return plan;
 }

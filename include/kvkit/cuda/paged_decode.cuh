@@ -81,8 +81,10 @@ struct decode_args {
   //! directly, which is what lets a dependent launch overlap it. They live apart from the
   //! workspace because the workspace's counters move with the plan's batch: a workspace zeroed
   //! once holds the partial results of a plan for a small batch where a plan for a larger one
-  //! keeps its counters. A launch that fails part way can leave counters set: zero them again
-  //! after an error. Null: the workspace's counters, zeroed by the launcher where they are used.
+  //! keeps its counters. Launches that share the buffer must follow each other in stream order
+  //! (one buffer per stream where decodes run on several at once), as launches that share a
+  //! workspace must. A launch that fails part way can leave counters set: zero them again after
+  //! an error. Null: the workspace's counters, zeroed by the launcher where they are used.
   std::uint32_t* zeroed_counters = nullptr;
   std::int64_t zeroed_counter_count = 0; //!< counters at zeroed_counters
   //! With dependent_launch: the page table (table.indptr, indices, last_page_len) is not written
@@ -122,7 +124,8 @@ inline constexpr bool decode_codec =
 //! cache, queries and outputs 16-byte aligned), options are in range, the workspace holds
 //! plan.workspace_bytes() 16-byte-aligned bytes, and zeroed counters, where given, number at least
 //! plan.counter_count() (a count without counters: bad_argument). The sequences' lengths are not
-//! checked on the host. A sequence with no pages (or no tokens) is skipped and its outputs and
+//! checked on the host (the kernel addresses keys in 32 bits: a sequence attends at most
+//! 2^31 - 16384 keys). A sequence with no pages (or no tokens) is skipped and its outputs and
 //! log-sum-exps left as they were, so a graph-safe batch can be padded with empty sequences; the
 //! CPU reference rejects empty ones.
 template <class Layout, query_element T>

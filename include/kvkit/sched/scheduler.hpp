@@ -151,11 +151,12 @@ public:
   }
 
   //! Removes a request wherever it is, giving back its blocks. unknown_sequence if there is none.
-  //! Also between step() and complete_step(): a request of the step in flight then has no result
-  //! to report (complete_step takes the others' and rejects one for it as unknown_sequence), and
-  //! its blocks are free again at once. The step's kernels may still write them, which does no
-  //! harm: nothing allocates them before the next step(), whose work the engine queues after this
-  //! step's.
+  //! Also between step() and complete_step(), once the engine has exported the step's inputs from
+  //! the block table (the sequence leaves the table, so an export that names it fails: drop it
+  //! from the batch first): a request of the step in flight then has no result to report
+  //! (complete_step takes the others' and rejects one for it as unknown_sequence), and its blocks
+  //! are free again at once. The step's kernels may still write them, which does no harm: nothing
+  //! allocates them before the next step(), whose work the engine queues after this step's.
   [[nodiscard]] status abort(seq_id id) {
     const auto it = requests_.find(id);
     if (it == requests_.end()) {
