@@ -33,8 +33,11 @@ namespace {
 template <class T>
 T* to_device(const std::vector<T>& h) {
   T* d = nullptr;
-  if (cudaMalloc(&d, std::max<std::size_t>(h.size(), 1) * sizeof(T)) != cudaSuccess ||
-      cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess) {
+  if (cudaMalloc(&d, std::max<std::size_t>(h.size(), 1) * sizeof(T)) != cudaSuccess) {
+    return nullptr;
+  }
+  if (cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess) {
+    cudaFree(d);
     return nullptr;
   }
   return d;
@@ -78,7 +81,8 @@ int main() {
     total += l;
   }
   std::vector<std::int64_t> slots(static_cast<std::size_t>(total));
-  if (!table.export_slot_mapping(batch, lens, slots).ok()) {
+  if (const auto st = table.export_slot_mapping(batch, lens, slots); !st.ok()) {
+    std::fprintf(stderr, "export_slot_mapping: %s\n", kvkit::to_string(st.error()).data());
     return 1;
   }
   std::mt19937 rng(42);
@@ -93,7 +97,8 @@ int main() {
   // 3. The CSR page table of the batch.
   std::vector<std::int32_t> indptr(batch.size() + 1), last(batch.size()),
       indices(static_cast<std::size_t>(*table.csr_size(batch)));
-  if (!table.export_csr(batch, indptr, indices, last).ok()) {
+  if (const auto st = table.export_csr(batch, indptr, indices, last); !st.ok()) {
+    std::fprintf(stderr, "export_csr: %s\n", kvkit::to_string(st.error()).data());
     return 1;
   }
 
@@ -136,6 +141,7 @@ int main() {
       kvkit::decode_shape_for(layout, static_cast<std::int32_t>(batch.size()), q_heads);
   const auto plan = kvkit::plan_decode(shape, lens, sms);
   if (!plan.ok()) {
+    std::fprintf(stderr, "plan_decode: %s\n", kvkit::to_string(plan.error()).data());
     return 1;
   }
   void* workspace = nullptr;
@@ -166,9 +172,11 @@ int main() {
   }
   const kvkit::csr_page_table host_table{indptr.data(), indices.data(), last.data(),
                                          static_cast<std::int32_t>(batch.size()), page};
-  if (!kvkit::reference::paged_decode(layout, host_cache.data(), capacity, host_table, qf.data(),
-                                      q_heads, ref.data(), nullptr, scales.data())
-           .ok()) {
+  if (const auto st =
+          kvkit::reference::paged_decode(layout, host_cache.data(), capacity, host_table, qf.data(),
+                                         q_heads, ref.data(), nullptr, scales.data());
+      !st.ok()) {
+    std::fprintf(stderr, "reference::paged_decode: %s\n", kvkit::to_string(st.error()).data());
     return 1;
   }
   double num = 0, den = 0;

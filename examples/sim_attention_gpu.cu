@@ -65,7 +65,7 @@ public:
              bool check_pages)
       : m_(m), layout_(block_size, m.kv_heads, m.head_dim), capacity_(capacity) {
     cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, 0);
+    check(cudaGetDeviceProperties(&prop, 0));
     sm_count_ = prop.multiProcessorCount;
     stats_.name = std::string("GPU: ") + prop.name + ", one layer of " +
                   std::to_string(m.kv_heads * m.group) + " query / " + std::to_string(m.kv_heads) +
