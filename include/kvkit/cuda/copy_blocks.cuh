@@ -39,7 +39,7 @@ struct page_copies {
 //! and no page may be both a source and a destination of one batch (block_table's copy lists
 //! never are).
 [[nodiscard]] inline status validate(const page_copies& c) {
-  if (c.num_layers <= 0 || c.num_layers > 65535 || c.bytes_per_page <= 0 ||
+  if (c.num_layers <= 0 || c.num_layers > detail::max_grid_rows || c.bytes_per_page <= 0 ||
       c.bytes_per_page % 16 != 0 || c.num_pairs < 0) {
     return errc::bad_argument;
   }

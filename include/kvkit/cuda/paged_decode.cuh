@@ -146,7 +146,7 @@ template <class Layout, query_element T>
   }
   if (plan.chunk_tokens <= 0 || plan.chunk_tokens % decode_plan::tile_tokens != 0 ||
       plan.max_splits <= 0 || plan.max_splits > decode_plan::max_splits_limit ||
-      s.num_kv_heads > 65535 || s.batch_size > 65535) {
+      s.num_kv_heads > detail::max_grid_rows || s.batch_size > detail::max_grid_rows) {
     return errc::bad_argument;
   }
   const attention_options& o = a.options;

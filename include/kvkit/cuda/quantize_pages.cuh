@@ -89,14 +89,14 @@ template <class Layout, page_element T>
 [[nodiscard]] status validate(const page_batch<Layout, T>& b) {
   const auto& l = b.layout;
   // The kernels take a page's tokens in blocks along the grid's y (at most 65535).
-  if (!detail::page_kernels_fit(l) || l.page_size() > detail::tokens_per_cta * 65535 ||
-      b.num_pages < 0) {
+  if (!detail::page_kernels_fit(l) ||
+      l.page_size() > detail::tokens_per_cta * detail::max_grid_rows || b.num_pages < 0) {
     return errc::bad_argument;
   }
   constexpr bool per_channel = Layout::k_codec::scaling == kv_scaling::per_page_channel ||
                                Layout::v_codec::scaling == kv_scaling::per_page_channel;
   if (per_channel && static_cast<std::int64_t>(l.num_kv_heads()) * l.head_dim() / 4 >
-                         std::int64_t{65535} * detail::columns_max_threads) {
+                         detail::max_grid_rows * detail::columns_max_threads) {
     return errc::bad_argument;
   }
   if (b.num_pages > 0 &&

@@ -18,6 +18,10 @@ template <std::size_t Bytes>
   return reinterpret_cast<std::uintptr_t>(p) % Bytes == 0;
 }
 
+//! The most thread blocks a grid takes along y or z (CUDA's limit): the launchers that put
+//! layers, tokens, channels, KV heads or sequences there bound their counts by it in validate().
+inline constexpr std::int64_t max_grid_rows = 65535;
+
 //! The debug mode of a kernel that takes page ids (`flag` set): an id outside [0, capacity) sets
 //! *flag to 1, and the kernel leaves that page alone instead of touching memory outside the
 //! cache. The kernels take the mode as a template argument (`Checked`, true only when the flag is
