@@ -1,10 +1,15 @@
 // Property test: random operation sequences on block_pool + block_table against a simple model.
 //
 // The model keeps, per sequence, the tokens it holds, and simulates the cache memory itself: each
-// physical slot stores the token last written to it, and copy-on-write orders are executed as the
-// copy kernel would. After every step every sequence must read exactly its own tokens through its
-// block table, every block's reference count must equal the references the sequences hold, and
-// the pool's books must balance. A failure prints the seed and step; KVKIT_TEST_SEED replays it.
+// physical slot stores the token last written to it. Appends gather into engine steps, as a
+// serving loop issues them: a step's copy-on-write orders run together first, as the batched copy
+// kernel runs them (every source read before any destination is written), then its new tokens
+// land, then the copy sources are released. Truncate, fork and free happen between steps. After
+// every operation, with the pending step run on a copy of the memory, every sequence must read
+// exactly its own tokens through its block table; every block's reference count must equal the
+// references the sequences and the pending copies hold; no step may copy into a block another of
+// its copies reads or writes, nor write one slot twice; and the pool's books must balance. A
+// failure prints the seed and step; KVKIT_TEST_SEED replays it.
 
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -65,7 +71,14 @@ public:
   }
 
   std::string check() const {
+    std::vector<std::uint32_t> memory = memory_;
+    if (const std::string broken = run_step(memory); !broken.empty()) {
+      return broken;
+    }
     std::vector<std::int32_t> expected_refs(static_cast<std::size_t>(cfg_.capacity), 0);
+    for (const block_id b : table_.pending_copy_sources()) {
+      ++expected_refs[static_cast<std::size_t>(b)];
+    }
     for (const auto& [s, tokens] : model_) {
       const auto len = table_.num_tokens(s);
       if (!len.ok() || *len != static_cast<std::int32_t>(tokens.size())) {
@@ -85,7 +98,7 @@ public:
       for (std::size_t t = 0; t < tokens.size(); ++t) {
         const token_slot slot{blocks[t / static_cast<std::size_t>(cfg_.block_size)],
                               static_cast<std::int32_t>(t) % cfg_.block_size};
-        if (memory_[static_cast<std::size_t>(slot.flat(cfg_.block_size))] != tokens[t]) {
+        if (memory[static_cast<std::size_t>(slot.flat(cfg_.block_size))] != tokens[t]) {
           return "sequence " + std::to_string(s) + " reads a foreign token at " + std::to_string(t);
         }
       }
@@ -146,7 +159,10 @@ public:
     return {};
   }
 
+  [[nodiscard]] std::int64_t in_place_after_moves() const { return in_place_after_moves_; }
+
   std::string free_all() {
+    end_step();
     while (!model_.empty()) {
       if (!table_.free(model_.begin()->first).ok()) {
         return "free failed";
@@ -204,6 +220,11 @@ private:
     }
     const auto needed = table_.blocks_needed(s, n);
     const snapshot before = take(s);
+    // Does s append into a partly filled block that other sequences of this step moved off?
+    const auto pending = table_.pending_copy_sources();
+    const bool moved_off =
+        tokens.size() % static_cast<std::size_t>(cfg_.block_size) != 0 &&
+        std::find(pending.begin(), pending.end(), before.blocks.back()) != pending.end();
     slots_.resize(static_cast<std::size_t>(n));
     const auto info = table_.append_tokens(s, n, slots_);
     if (!info.ok()) {
@@ -215,25 +236,61 @@ private:
     if (info->num_new_blocks != *needed) {
       return "blocks_needed disagrees with append";
     }
+    in_place_after_moves_ += moved_off && !info->copied ? 1 : 0;
     if (info->copied) {
-      // What copy_blocks does on the device: the whole page, before the new tokens land.
-      const auto bs = static_cast<std::size_t>(cfg_.block_size);
-      std::copy_n(memory_.begin() +
-                      static_cast<std::ptrdiff_t>(static_cast<std::size_t>(info->copy.src) * bs),
-                  bs,
-                  memory_.begin() +
-                      static_cast<std::ptrdiff_t>(static_cast<std::size_t>(info->copy.dst) * bs));
-      table_.release_copy_sources(); // the copy has run
+      copies_.push_back(info->copy);
     }
     for (const token_slot& slot : slots_) {
       const std::uint32_t token = next_token_++;
-      memory_[static_cast<std::size_t>(slot.flat(cfg_.block_size))] = token;
+      writes_.push_back({slot.flat(cfg_.block_size), token});
       tokens.push_back(token);
+    }
+    if (pick(0, 2) == 0) {
+      end_step();
     }
     return {};
   }
 
+  // Runs the pending step on `memory`: its copies as one batched copy launch, then its writes as
+  // one write launch. Returns what a parallel launch could not do, or "".
+  std::string run_step(std::vector<std::uint32_t>& memory) const {
+    const auto bs = static_cast<std::size_t>(cfg_.block_size);
+    std::vector<std::uint32_t> pages;
+    for (const kvkit::block_copy& c : copies_) {
+      for (const kvkit::block_copy& other : copies_) {
+        if (other.src == c.dst || (&other != &c && other.dst == c.dst)) {
+          return "a step copies into block " + std::to_string(c.dst) + " that it also moves";
+        }
+      }
+      const auto src = memory.begin() + static_cast<std::ptrdiff_t>(c.src * bs);
+      pages.insert(pages.end(), src, src + static_cast<std::ptrdiff_t>(bs));
+    }
+    for (std::size_t i = 0; i < copies_.size(); ++i) {
+      std::copy_n(pages.begin() + static_cast<std::ptrdiff_t>(i * bs), bs,
+                  memory.begin() + static_cast<std::ptrdiff_t>(copies_[i].dst * bs));
+    }
+    std::vector<std::int64_t> slots;
+    for (const auto& [slot, token] : writes_) {
+      slots.push_back(slot);
+      memory[static_cast<std::size_t>(slot)] = token;
+    }
+    std::sort(slots.begin(), slots.end());
+    if (std::adjacent_find(slots.begin(), slots.end()) != slots.end()) {
+      return "a step writes one slot twice";
+    }
+    return {};
+  }
+
+  // The engine runs the step's copies and writes, then releases the copy sources.
+  void end_step() {
+    [[maybe_unused]] const std::string broken = run_step(memory_); // check() reports it first
+    table_.release_copy_sources();
+    copies_.clear();
+    writes_.clear();
+  }
+
   std::string truncate(seq_id s) {
+    end_step(); // between steps
     auto& tokens = model_[s];
     const auto new_len = pick(0, static_cast<std::int32_t>(tokens.size()));
     if (!table_.truncate(s, new_len).ok()) {
@@ -244,6 +301,7 @@ private:
   }
 
   std::string fork(seq_id s) {
+    end_step(); // between steps
     const seq_id child = next_id_++;
     if (!table_.fork(s, child).ok()) {
       return "fork failed";
@@ -253,6 +311,7 @@ private:
   }
 
   std::string free(seq_id s) {
+    end_step(); // between steps
     if (!table_.free(s).ok()) {
       return "free failed";
     }
@@ -262,6 +321,7 @@ private:
 
   // Calls that must fail with a precise code and change nothing.
   std::string bad_input(seq_id s) {
+    end_step(); // between steps
     const snapshot before = take(s);
     const seq_id unknown = next_id_ + 1000;
     const auto len = static_cast<std::int32_t>(model_[s].size());
@@ -287,6 +347,9 @@ private:
   std::vector<std::uint32_t> memory_; // [capacity * block_size] simulated cache slots
   std::map<seq_id, std::vector<std::uint32_t>> model_; // tokens each sequence must read
   std::vector<token_slot> slots_;
+  std::int64_t in_place_after_moves_ = 0; // appends that wrote in place into a moved-off block
+  std::vector<kvkit::block_copy> copies_; // the pending step's copy-on-write orders
+  std::vector<std::pair<std::int64_t, std::uint32_t>> writes_; // its (flat slot, token) writes
   seq_id next_id_ = 1;
   std::uint32_t next_token_ = 1;
 };
@@ -308,6 +371,9 @@ void run(const config& cfg, std::uint64_t seed) {
       FAIL(where.str());
     }
   }
+  // The last holder of a forked block wrote into it while copies were pending (one-token blocks
+  // are never partly filled).
+  CHECK((cfg.block_size == 1 || h.in_place_after_moves() > 0));
   const std::string leak = h.free_all();
   if (!leak.empty()) {
     FAIL("seed " << seed << ", block_size " << cfg.block_size << ", at the end: " << leak);

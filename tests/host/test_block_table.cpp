@@ -213,6 +213,49 @@ TEST_CASE("appending into a shared partial block copies it first", "[block_table
   CHECK(pool.check_consistency());
 }
 
+TEST_CASE("the last sequence on a forked block writes in place while the copies wait",
+          "[block_table]") {
+  // Three sequences share a partly filled block. Within one step the first two to append move to
+  // copies; the third is then the block's only holder (the table's pending references belong to
+  // sequences that have left), so it writes in place: two copies, not three.
+  block_pool pool(8);
+  table_t table(pool, 4);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 6, {}).ok()); // block 1 holds 2 tokens
+  REQUIRE(table.fork(1, 2).ok());
+  REQUIRE(table.fork(1, 3).ok());
+  const auto shared = blocks_of(table, 1);
+
+  std::array<token_slot, 1> slot{};
+  const auto second = table.append_tokens(2, 1, slot);
+  REQUIRE(second.ok());
+  REQUIRE(second->copied);
+  CHECK(*table.blocks_needed(3, 1) == 1); // sequence 1 still shares the block
+  const auto third = table.append_tokens(3, 1, slot);
+  REQUIRE(third.ok());
+  REQUIRE(third->copied);
+  CHECK(third->copy.src == shared[1]);
+  CHECK(third->copy.dst != second->copy.dst);
+  CHECK(pool.ref_count(shared[1]) == 3); // sequence 1 and two pending copies
+
+  CHECK(*table.blocks_needed(1, 1) == 0);
+  const auto first = table.append_tokens(1, 1, slot);
+  REQUIRE(first.ok());
+  CHECK_FALSE(first->copied);
+  CHECK(first->num_new_blocks == 0);
+  CHECK(slot[0] == token_slot{shared[1], 2});
+  CHECK(blocks_of(table, 1) == shared);
+  // A later append of the same step that fills the block and opens a new one copies nothing.
+  const auto more = table.append_tokens(1, 3, {});
+  REQUIRE(more.ok());
+  CHECK_FALSE(more->copied);
+  CHECK(more->num_new_blocks == 1);
+
+  table.release_copy_sources();
+  CHECK(pool.ref_count(shared[1]) == 1);
+  CHECK(pool.check_consistency());
+}
+
 TEST_CASE("copy sources are not reused until the copies have run", "[block_table]") {
   // The hazard: a published block with one holder is copied away; were it released at once, the
   // next allocation of the same step could hand it out as another copy's destination, and a

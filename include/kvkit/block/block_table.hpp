@@ -2,6 +2,7 @@
 //! block_table: per-sequence page tables (logical block -> physical block) over a block allocator,
 //! with copy-on-write appends, truncation, forks and page-table export for kernels.
 
+#include <algorithm>
 #include <cassert>
 #include <concepts>
 #include <cstddef>
@@ -29,7 +30,10 @@ namespace kvkit {
 //! (when the allocator has `is_cached`, as block_pool does), moves this sequence onto a fresh block
 //! and reports the `(src, dst)` copy the engine runs before the step writes its new K/V
 //! (copy-on-write: the copy moves the whole page, so run after the write it would undo it). The
-//! source keeps a reference until `release_copy_sources()`, so one step's copies never overlap.
+//! source keeps a reference until `release_copy_sources()`, so one step's copies never overlap;
+//! that reference is no holder's, so the last sequence left on a block writes into it in place.
+//! Fork between steps: a copy ordered in the step that appended to the parent would move the page
+//! without that append's tokens.
 //!
 //! The allocator must outlive the table; the table's destructor releases every block it holds.
 //! Failed operations return an error code and change nothing. Not thread-safe.
@@ -404,6 +408,10 @@ private:
     return g;
   }
 
+  // A block takes writes in place when the appending sequence is its only holder. The references
+  // this table keeps for the step's pending copies are not holders: their sequences have moved
+  // off the block, and the copies run before the step's writes, so the last sequence left on a
+  // forked block writes into it instead of copying it again.
   [[nodiscard]] bool writable(block_id b) const noexcept {
     if constexpr (requires(const Allocator& a) {
                     { a.is_cached(b) } -> std::convertible_to<bool>;
@@ -412,7 +420,10 @@ private:
         return false;
       }
     }
-    return allocator_->ref_count(b) == 1;
+    const std::int32_t refs = allocator_->ref_count(b);
+    return refs == 1 || refs - static_cast<std::int32_t>(
+                                   std::count(copy_sources_.begin(), copy_sources_.end(), b)) ==
+                            1;
   }
 
   [[nodiscard]] const sequence* find(seq_id s) const noexcept {
