@@ -511,35 +511,63 @@ TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {
         kvkit::errc::bad_argument);
 }
 
-TEST_CASE("plans cover at most 2^31 - 64 keys, so that their chunk fits 32 bits",
+namespace {
+
+// The furthest the decode kernel's 32-bit key arithmetic reaches for a sequence of `len` keys
+// under `plan` (as the launch runs it: `grid_splits` blocks a sequence and KV head, chunks of
+// `chunk` keys): the chunk grown to cover the sequence in that many blocks, n + chunk - 1 (its
+// split count's numerator) and the end of its last split, window start included.
+std::int64_t furthest_key(std::int64_t len, std::int32_t window, std::int64_t chunk,
+                          std::int64_t grid_splits) {
+  const std::int64_t lo = window > 0 && len > window ? len - window : 0;
+  const std::int64_t n = len - lo;
+  const std::int64_t need = (n + grid_splits - 1) / grid_splits;
+  chunk = std::max(chunk, (need + 63) / 64 * 64);
+  const std::int64_t nsplit = (n + chunk - 1) / chunk;
+  return std::max({n + chunk - 1, lo + nsplit * chunk, need + 63});
+}
+
+} // namespace
+
+TEST_CASE("plans serve sequences of at most 2^30 keys, window or not, and every split ends in "
+          "32 bits",
           "[attention][plan]") {
-  // 512 (sequence, KV head) pairs over a device's 264 blocks: each sequence is one chunk of its
-  // whole length, rounded up to tiles. A bound of INT32_MAX ("no bound") would round to 2^31.
-  const kvkit::decode_shape shape{64, 32, 8, 128, 0};
-  const std::int32_t most = INT32_MAX / 64 * 64; // 2^31 - 64
-  const auto at_most = kvkit::plan_decode_graph_safe(shape, most, 132);
-  REQUIRE(at_most.ok());
-  CHECK(at_most->chunk_tokens > 0);
-  CHECK(at_most->chunk_tokens % kvkit::decode_plan::tile_tokens == 0);
-  CHECK(static_cast<std::int64_t>(at_most->chunk_tokens) * at_most->max_splits >= most);
-  CHECK(kvkit::plan_decode_graph_safe(shape, most + 1, 132).error() == kvkit::errc::bad_argument);
-  CHECK(kvkit::plan_decode_graph_safe(shape, INT32_MAX, 132).error() == kvkit::errc::bad_argument);
-  const std::vector<std::int32_t> lens(64, INT32_MAX);
-  CHECK(kvkit::plan_decode(shape, lens, 132).error() == kvkit::errc::bad_argument);
-  // Split, a plan's last split ends up to a tile a split past the longest sequence: one sequence
-  // of one KV head near 2^31 keys is split (many splits), and its splits must end by INT32_MAX.
-  const kvkit::decode_shape one{1, 8, 1, 128, 0};
-  CHECK(kvkit::plan_decode_graph_safe(one, most, 132).error() == kvkit::errc::bad_argument);
-  const auto split = kvkit::plan_decode_graph_safe(one, INT32_MAX - 20000, 132);
-  REQUIRE(split.ok());
-  CHECK(split->max_splits > 1);
-  CHECK(static_cast<std::int64_t>(split->chunk_tokens) * split->max_splits <= INT32_MAX);
-  CHECK(static_cast<std::int64_t>(split->chunk_tokens) * split->max_splits >= INT32_MAX - 20000);
-  // Within a sliding window a sequence attends to the window only, whatever its length.
-  kvkit::decode_shape windowed = shape;
+  constexpr std::int32_t most = 1 << 30;
+  const kvkit::decode_shape many{64, 32, 8, 128, 0}; // 512 pairs: one split each
+  const kvkit::decode_shape one{1, 8, 1, 128, 0};    // one pair: many splits
+  kvkit::decode_shape windowed = many;
   windowed.window = 4096;
-  CHECK(kvkit::plan_decode_graph_safe(windowed, INT32_MAX, 132).ok());
-  CHECK(kvkit::plan_decode(windowed, lens, 132).ok());
+  kvkit::decode_shape fp8 = one;
+  fp8.kv_bits = 8;
+  for (const kvkit::decode_shape& shape : {many, one, windowed, fp8}) {
+    INFO("batch " << shape.batch_size << ", window " << shape.window << ", bits " << shape.kv_bits);
+    CHECK(kvkit::plan_decode_graph_safe(shape, most + 1, 132).error() == kvkit::errc::bad_argument);
+    CHECK(kvkit::plan_decode_graph_safe(shape, INT32_MAX, 132).error() ==
+          kvkit::errc::bad_argument);
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(shape.batch_size), most);
+    lens.back() = most + 1;
+    CHECK(kvkit::plan_decode(shape, lens, 132).error() == kvkit::errc::bad_argument);
+    lens.back() = most;
+    for (const std::int32_t sms : {1, 132, 4096}) {
+      const auto longest = kvkit::plan_decode(shape, lens, sms);
+      REQUIRE(longest.ok());
+      CHECK(longest->chunk_tokens % kvkit::decode_plan::tile_tokens == 0);
+      CHECK(furthest_key(most, shape.window, longest->chunk_tokens, longest->max_splits) <=
+            INT32_MAX);
+      // The fp8 launch may run half as many splits of twice the keys (below 2^29 keys a chunk).
+      if (longest->chunk_tokens <= most / 2) {
+        CHECK(furthest_key(most, shape.window, 2 * std::int64_t{longest->chunk_tokens},
+                           (longest->max_splits + 1) / 2) <= INT32_MAX);
+      }
+      // A graph-safe plan for short sequences serves one of 2^30 keys with longer chunks.
+      for (const std::int32_t bound : {1, 4096, most}) {
+        const auto graph = kvkit::plan_decode_graph_safe(shape, bound, sms);
+        REQUIRE(graph.ok());
+        CHECK(furthest_key(most, shape.window, graph->chunk_tokens, graph->max_splits) <=
+              INT32_MAX);
+      }
+    }
+  }
 }
 
 TEST_CASE("plan_decode's plans hold their invariants over random shapes, lengths and devices",

@@ -215,16 +215,10 @@ namespace detail {
   return window > 0 ? std::min<std::int64_t>(len, window) : len;
 }
 
-// The most keys a plan covers: the longest whole number of tiles whose count of keys, a plan's
-// chunk_tokens, fits in 32 bits (2^31 - 64).
-inline constexpr std::int64_t max_plan_keys =
-    std::int64_t{INT32_MAX} / decode_plan::tile_tokens * decode_plan::tile_tokens;
-
-// Whether the kernel can address every split of `plan` in 32 bits: the end of its last split
-// (max_splits * chunk_tokens, up to one tile a split past the longest sequence) at most INT32_MAX.
-[[nodiscard]] constexpr bool splits_fit(const decode_plan& plan) {
-  return static_cast<std::int64_t>(plan.chunk_tokens) * plan.max_splits <= INT32_MAX;
-}
+// The longest sequence a plan serves, sliding window or not: the kernel locates keys in 32 bits,
+// and a sequence's length plus a chunk (at most the longest attended length, rounded up to
+// tiles) stays below 2^31, so the end of every split does, however the launch cuts the chunk.
+inline constexpr std::int64_t max_decode_keys = std::int64_t{1} << 30;
 
 // `keys` rounded up to whole tiles, at least one.
 [[nodiscard]] constexpr std::int64_t whole_tiles(std::int64_t keys) {
@@ -400,9 +394,8 @@ template <class Lengths>
 //! A plan for the batch whose sequence lengths (cached tokens, the new one included) are
 //! `seq_lens` (host memory, shape.batch_size entries), for a GPU of `sm_count` multiprocessors
 //! (cudaDevAttrMultiProcessorCount). bad_argument on a bad shape, a length count that is not the
-//! batch size, a length below 1, or one that attends more than 2^31 - 64 keys (its chunk would
-//! not fit chunk_tokens), or, split, ends its last split past INT32_MAX keys (lengths within
-//! about 16k keys of 2^31).
+//! batch size, or a length below 1 or above 2^30 (with or without a sliding window: the kernel
+//! locates keys in 32 bits).
 [[nodiscard]] inline result<decode_plan> plan_decode(const decode_shape& shape,
                                                      std::span<const std::int32_t> seq_lens,
                                                      std::int32_t sm_count) {
@@ -412,15 +405,12 @@ template <class Lengths>
   }
   std::int64_t max_len = 0;
   for (const std::int32_t len : seq_lens) {
-    if (len < 1) {
+    if (len < 1 || len > detail::max_decode_keys) {
       return errc::bad_argument;
     }
     max_len = std::max(max_len, detail::attended(len, shape.window));
   }
-  if (max_len > detail::max_plan_keys) {
-    return errc::bad_argument;
-  }
-  const decode_plan plan = detail::choose_splits(
+  return detail::choose_splits(
       shape,
       [&](auto&& f) {
         for (const std::int32_t len : seq_lens) {
@@ -428,27 +418,21 @@ template <class Lengths>
         }
       },
       max_len, sm_count);
-  if (!detail::splits_fit(plan)) {
-    return errc::bad_argument;
-  }
-  return plan;
 }
 
 //! A plan that stays valid for any batch of at most shape.batch_size sequences, so launches with
 //! it can be captured in a CUDA graph and replayed while the lengths change. It splits as if every
 //! sequence had `max_seq_len` tokens; a longer sequence still decodes correctly (its blocks take
-//! longer chunks). bad_argument on a bad shape, a bound below 1, or one that attends more than
-//! 2^31 - 64 keys or whose splits end past INT32_MAX keys (a bound of INT32_MAX for "no bound" is
-//! one: pass the longest length the engine serves).
+//! longer chunks), up to 2^30 keys. bad_argument on a bad shape, a bound below 1 or above 2^30
+//! (with or without a sliding window; INT32_MAX for "no bound" is one: pass the longest length
+//! the engine serves).
 [[nodiscard]] inline result<decode_plan>
 plan_decode_graph_safe(const decode_shape& shape, std::int32_t max_seq_len, std::int32_t sm_count) {
-  if (!shape.validate().ok() || max_seq_len < 1 || sm_count <= 0) {
+  if (!shape.validate().ok() || max_seq_len < 1 || max_seq_len > detail::max_decode_keys ||
+      sm_count <= 0) {
     return errc::bad_argument;
   }
   const std::int64_t len = detail::attended(max_seq_len, shape.window);
-  if (len > detail::max_plan_keys) {
-    return errc::bad_argument;
-  }
   decode_plan plan = detail::choose_splits(
       shape,
       [&](auto&& f) {
@@ -457,9 +441,6 @@ plan_decode_graph_safe(const decode_shape& shape, std::int32_t max_seq_len, std:
         }
       },
       len, sm_count);
-  if (!detail::splits_fit(plan)) {
-    return errc::bad_argument;
-  }
   plan.graph_safe = true;
   return plan;
 }

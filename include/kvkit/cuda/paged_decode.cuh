@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 
 #include "kvkit/attention/decode_plan.hpp"
@@ -124,10 +123,10 @@ inline constexpr bool decode_codec =
 //! cache, queries and outputs 16-byte aligned), options are in range, the workspace holds
 //! plan.workspace_bytes() 16-byte-aligned bytes, and zeroed counters, where given, number at least
 //! plan.counter_count() (a count without counters: bad_argument). The sequences' lengths are not
-//! checked on the host (the kernel addresses keys in 32 bits: a sequence attends at most
-//! 2^31 - 16384 keys). A sequence with no pages (or no tokens) is skipped and its outputs and
-//! log-sum-exps left as they were, so a graph-safe batch can be padded with empty sequences; the
-//! CPU reference rejects empty ones.
+//! checked on the host: each holds at most 2^30 keys (the kernel locates keys in 32 bits; the
+//! plans refuse longer lengths and bounds, window or not). A sequence with no pages (or no tokens)
+//! is skipped and its outputs and log-sum-exps left as they were, so a graph-safe batch can be
+//! padded with empty sequences; the CPU reference rejects empty ones.
 template <class Layout, query_element T>
 [[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
                               const void* workspace, std::size_t workspace_bytes) {
@@ -2570,9 +2569,11 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       // - Whole sequences of 2048 keys (8 KV heads, B=32, L=2048 with pages of one token, planned
       //   as 2 splits of 1024): 1.2-1.3% slower, so whole sequences take the rule of whole
       //   sequences above.
+      // The paired chunk stays within max_decode_keys, as the plans' chunks do, so that a
+      // sequence's length plus a chunk, the furthest a split ends, stays in 32 bits.
       if (!plan.two_tiles && plan.max_splits > 1 && blocks > 2 * static_cast<std::int64_t>(sms) &&
           blocks <= 4 * static_cast<std::int64_t>(sms) &&
-          plan.chunk_tokens <= std::numeric_limits<std::int32_t>::max() / 2) {
+          plan.chunk_tokens <= kvkit::detail::max_decode_keys / 2) {
         decode_plan paired = plan;
         paired.max_splits = (plan.max_splits + 1) / 2;
         paired.chunk_tokens = 2 * plan.chunk_tokens;
