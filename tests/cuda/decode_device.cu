@@ -366,7 +366,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
                                   layout.page_size()};
   a.q = d_q;
   a.out = d_out;
-  a.lse = d_lse;
+  a.lse = mode.lse ? d_lse : nullptr;
   a.static_scales = static_scales.empty() ? nullptr : d_scales;
   a.options = options;
   a.page_check = mode.check_pages ? d_check : nullptr;

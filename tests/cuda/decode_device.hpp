@@ -29,6 +29,7 @@ struct decode_mode {
   // (the outputs poisoned again on the stream before each); the last one's results are returned.
   std::int32_t repeats = 1;
   bool dependent_launch = true; // decode_args::dependent_launch
+  bool lse = true;              // decode_args::lse set (else null; the LSE buffer stays poisoned)
   // decode_args::zeroed_counters: counters of the caller's own, for the largest batch, zeroed
   // once before the first launch, which must be zero again after the last (the workspace stays
   // garbage).

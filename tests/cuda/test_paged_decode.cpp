@@ -140,7 +140,9 @@ struct problem {
 };
 
 struct errors {
-  double out_rel = 0.0;
+  double out_rel = 0.0;     // relative L2 error of all outputs together
+  double row_rel_max = 0.0; // the largest relative L2 error of one (sequence, query head) row
+  std::size_t worst_row = 0;
   double lse_abs = 0.0;
   bool all_finite = true;
 };
@@ -165,11 +167,23 @@ errors compare(const problem<Layout>& pr, const kvkit_test::decode_step& s, std:
   errors e;
   double num = 0.0;
   double den = 0.0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double got = from_bits<T>(out[i]);
-    e.all_finite = e.all_finite && std::isfinite(got);
-    num += (got - ref[i]) * (got - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
+  const auto dim = static_cast<std::size_t>(pr.layout.head_dim());
+  for (std::size_t row = 0; row < ref.size() / dim; ++row) {
+    double row_num = 0.0;
+    double row_den = 0.0;
+    for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
+      const double got = from_bits<T>(out[i]);
+      e.all_finite = e.all_finite && std::isfinite(got);
+      row_num += (got - ref[i]) * (got - ref[i]);
+      row_den += static_cast<double>(ref[i]) * ref[i];
+    }
+    num += row_num;
+    den += row_den;
+    const double rel = std::sqrt(row_num / row_den);
+    if (!(rel <= e.row_rel_max)) { // NaN too
+      e.row_rel_max = rel;
+      e.worst_row = row;
+    }
   }
   e.out_rel = std::sqrt(num / den);
   for (std::size_t i = 0; i < ref_lse.size(); ++i) {
@@ -195,9 +209,14 @@ void check_step(const problem<Layout>& pr, const kvkit_test::decode_step& s, std
                 const kvkit::attention_options& options, const std::vector<std::uint16_t>& out,
                 const std::vector<float>& lse) {
   const errors e = compare<Layout, T>(pr, s, q_heads, options, out, lse);
-  INFO("relative error " << e.out_rel << ", lse error " << e.lse_abs);
+  INFO("relative error " << e.out_rel << ", lse error " << e.lse_abs << ", worst row "
+                         << e.worst_row << " (sequence " << e.worst_row / q_heads << ") "
+                         << e.row_rel_max);
   CHECK(e.all_finite);
   CHECK(e.out_rel < bound<Layout, T>());
+  // Each row on its own, so that a long sequence's error, whose outputs are small beside a short
+  // one's, is not lost in the batch's sum.
+  CHECK(e.row_rel_max < 3 * bound<Layout, T>());
   CHECK(e.lse_abs < 2e-2);
 }
 
@@ -656,6 +675,46 @@ TEST_CASE("paged_decode: one workspace serves plans of different batches in turn
     CHECK(got.workspace_written);
     CHECK(got.counters_zero);
     check_steps(pr, steps, q_heads, got);
+  }
+}
+
+TEST_CASE("paged_decode: without the LSE output, the same outputs on every merge path",
+          "[cuda][decode]") {
+  // decode_args::lse is optional: with it null, one split a sequence (1 multiprocessor), a few
+  // splits merged in clusters where the device has them (16) and many through the workspace
+  // (4096) must write the outputs bit for bit as with it, and leave the LSE buffer as it was
+  // (poisoned).
+  const std::uint64_t seed = kvkit_test::test_seed(0x15E);
+  const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
+  const std::int32_t q_heads = 8;
+  problem<bf16_nhd> pr(layout, 480, seed);
+  const std::vector<kvkit_test::decode_step> steps{
+      pr.make_step<__nv_bfloat16>({1, 300, 2100, 5000}, q_heads)};
+  for (const std::int32_t sms : {1, 16, 4096}) {
+    kvkit_test::decode_mode mode;
+    mode.sm_count = sms;
+    const auto with = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+        layout, pr.cache, pr.capacity, {4, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+    mode.lse = false;
+    const auto without = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+        layout, pr.cache, pr.capacity, {4, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+    INFO("seed " << seed << " sms " << sms << " splits " << with.max_splits << " errors "
+                 << cudaGetErrorString(with.error) << ", " << cudaGetErrorString(without.error));
+    REQUIRE(with.error == cudaSuccess);
+    REQUIRE(without.error == cudaSuccess);
+    check_steps(pr, steps, q_heads, with);
+    CHECK((sms == 1) == (with.max_splits == 1));
+    CHECK((sms == 4096) == (with.max_splits > kvkit::decode_plan::max_cluster_splits));
+    const merged path = with.max_splits <= 1     ? merged::none
+                        : with.workspace_written ? merged::workspace
+                                                 : merged::clusters;
+    CHECK(path == expected_merge(with.max_splits, with.cluster_device));
+    CHECK(without.out == with.out);
+    CHECK(std::all_of(without.lse[0].begin(), without.lse[0].end(), [](float x) {
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &x, sizeof bits);
+      return bits == 0xFFFFFFFFU;
+    }));
   }
 }
 
