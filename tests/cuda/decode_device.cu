@@ -536,6 +536,12 @@ std::vector<std::string> decode_validation_failures() {
   a.table.indices = nullptr;
   check("null indices", a, plan, fake, ws, false);
   a = good;
+  a.table.indptr = nullptr;
+  check("null indptr", a, plan, fake, ws, false);
+  a = good;
+  a.table.last_page_len = nullptr;
+  check("null last_page_len", a, plan, fake, ws, false);
+  a = good;
   a.table.page_size = 8;
   check("page size differs from the layout", a, plan, fake, ws, false);
   a = good;
@@ -544,6 +550,14 @@ std::vector<std::string> decode_validation_failures() {
   a = good;
   a.capacity = 0;
   check("no capacity", a, plan, fake, ws, false);
+  // A graph-safe plan serves any batch up to its own, none past it.
+  const auto graph = *kvkit::plan_decode_graph_safe({3, 8, 2, 128, 0}, 5000, 132);
+  for (const std::int32_t batch : {-1, 0, 2, 3, 4}) {
+    a = good;
+    a.table.batch_size = batch;
+    const std::string name = "graph-safe plan of 3, batch " + std::to_string(batch);
+    check(name.c_str(), a, graph, fake, graph.workspace_bytes(), batch >= 0 && batch <= 3);
+  }
   // At most 65535 sequences (the grid's z), though a plan takes more.
   for (const std::int32_t batch : {65535, 65536}) {
     const std::vector<std::int32_t> many(static_cast<std::size_t>(batch), 100);
@@ -596,6 +610,9 @@ std::vector<std::string> decode_validation_failures() {
   bad_plan = plan;
   bad_plan.shape.head_dim = 96;
   check("head dim 96", good, bad_plan, fake, ws, false);
+  a = good;
+  a.layout = layout_t(16, 2, 96); // the layout agrees: only the kernels' head dims refuse it
+  check("head dim 96 in the plan and the layout", a, bad_plan, fake, ws, false);
   bad_plan = plan;
   bad_plan.shape.kv_bits = 8; // a plan for an 8-bit cache, the layout's is bf16
   check("kv_bits of another cache", good, bad_plan, fake, ws, false);

@@ -743,6 +743,99 @@ TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths chan
   check_steps(pr, steps, q_heads, got);
 }
 
+namespace {
+
+// The sequences of `s` that have keys, as a step of their own, and their rows of `out` and `lse`
+// (`q_heads` rows of `dim` each a sequence); the empty ones' rows must still hold the poison (all
+// bits set) written before the launch. False where one does not.
+bool drop_empty(const kvkit_test::decode_step& s, std::int32_t q_heads, std::int32_t dim,
+                const std::vector<std::uint16_t>& out, const std::vector<float>& lse,
+                kvkit_test::decode_step& kept, std::vector<std::uint16_t>& kept_out,
+                std::vector<float>& kept_lse) {
+  const auto rows = static_cast<std::size_t>(q_heads);
+  const auto row_elems = rows * static_cast<std::size_t>(dim);
+  kept = {};
+  kept.indptr.push_back(0);
+  kept_out.clear();
+  kept_lse.clear();
+  bool poisoned = true;
+  for (std::size_t b = 0; b + 1 < s.indptr.size(); ++b) {
+    const auto first_out = out.begin() + static_cast<std::ptrdiff_t>(b * row_elems);
+    const auto first_lse = lse.begin() + static_cast<std::ptrdiff_t>(b * rows);
+    if (s.indptr[b + 1] == s.indptr[b]) {
+      poisoned = poisoned &&
+                 std::all_of(first_out, first_out + static_cast<std::ptrdiff_t>(row_elems),
+                             [](std::uint16_t x) { return x == 0xFFFFU; }) &&
+                 std::all_of(first_lse, first_lse + static_cast<std::ptrdiff_t>(rows), [](float x) {
+                   std::uint32_t bits = 0;
+                   std::memcpy(&bits, &x, sizeof bits);
+                   return bits == 0xFFFFFFFFU;
+                 });
+      continue;
+    }
+    kept.indices.insert(kept.indices.end(), s.indices.begin() + s.indptr[b],
+                        s.indices.begin() + s.indptr[b + 1]);
+    kept.indptr.push_back(static_cast<std::int32_t>(kept.indices.size()));
+    kept.last_page_len.push_back(s.last_page_len[b]);
+    kept.q.insert(kept.q.end(), s.q.begin() + static_cast<std::ptrdiff_t>(b * row_elems),
+                  s.q.begin() + static_cast<std::ptrdiff_t>((b + 1) * row_elems));
+    kept_out.insert(kept_out.end(), first_out, first_out + static_cast<std::ptrdiff_t>(row_elems));
+    kept_lse.insert(kept_lse.end(), first_lse, first_lse + static_cast<std::ptrdiff_t>(rows));
+  }
+  return poisoned;
+}
+
+// A graph-safe plan over a cache of `Layout` (head dim 128, bf16 queries), captured once and
+// replayed for steps of one batch size padded with empty sequences, with the caller's zeroed
+// counters or without, within `window` (0: none): the padding's outputs and log-sum-exps stay as
+// they were, the others match the reference.
+template <class Layout>
+void check_padded_graph(const Layout& layout, std::int32_t window, bool zeroed,
+                        std::uint64_t seed) {
+  const std::int32_t q_heads = 4 * layout.num_kv_heads();
+  problem<Layout> pr(layout, 1200, seed);
+  std::vector<kvkit_test::decode_step> steps;
+  for (const auto& lens : std::vector<std::vector<std::int32_t>>{
+           {100, 0, 3000, 0}, {0, 0, 0, 1}, {4000, 17, 0, 2500}}) {
+    steps.push_back(pr.template make_step<__nv_bfloat16>(lens, q_heads));
+  }
+  kvkit::attention_options options;
+  options.window = window;
+  const kvkit::decode_shape shape = kvkit::decode_shape_for(layout, 4, q_heads, window);
+  kvkit_test::decode_mode mode;
+  mode.graph = true;
+  mode.max_seq_len = 4096;
+  mode.sm_count = 4096; // many splits: the counters count
+  mode.repeats = 2;
+  mode.zeroed_counters = zeroed;
+  const auto got = kvkit_test::run_decode<128, Layout, __nv_bfloat16>(
+      layout, pr.cache, pr.capacity, shape, steps, pr.scales, options, mode);
+  INFO("seed " << seed << " window " << window << " zeroed " << zeroed << " splits "
+               << got.max_splits << " error " << cudaGetErrorString(got.error));
+  REQUIRE(got.error == cudaSuccess);
+  CHECK(got.max_splits > kvkit::decode_plan::max_cluster_splits);
+  CHECK(got.counters_zero);
+  CHECK(got.past_workspace_intact);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    INFO("step " << i);
+    kvkit_test::decode_step kept;
+    std::vector<std::uint16_t> out;
+    std::vector<float> lse;
+    CHECK(drop_empty(steps[i], q_heads, 128, got.out[i], got.lse[i], kept, out, lse));
+    check_step<Layout, __nv_bfloat16>(pr, kept, q_heads, options, out, lse);
+  }
+}
+
+} // namespace
+
+TEST_CASE("paged_decode: a graph-safe batch padded with empty sequences", "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0x9AD);
+  check_padded_graph(bf16_nhd(16, 2, 128), 0, false, seed);
+  check_padded_graph(bf16_nhd(16, 2, 128), 2500, true, seed + 1);
+  check_padded_graph(paged_layout<kvkit::int8_codec>(16, 2, 128), 0, true, seed + 2);
+  check_padded_graph(paged_layout<kvkit::int4_group_codec<32>>(16, 2, 128), 3000, false, seed + 3);
+}
+
 TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[cuda][decode]") {
   // The queries are written by a kernel that lets its dependents start at once and copies about
   // 20 us later; a decode launched as its programmatic dependent must still read the copied
@@ -840,26 +933,61 @@ TEST_CASE("paged_decode: quantized one-wave grids of split sequences read ahead 
   check_early_split_grid(int4_hnd(8, 4, 128), 48, seed + 2);
 }
 
-TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothing outside",
-          "[cuda][decode]") {
-  const std::uint64_t seed = kvkit_test::test_seed(0xBAD);
-  const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
-  problem<bf16_nhd> pr(layout, 64, seed);
-  auto good = pr.make_step<__nv_bfloat16>({40, 300}, 8);
-  const kvkit::decode_shape shape{2, 8, 2, 128, 0};
+namespace {
+
+// The debug page check over a cache of `Layout` (head dim 128, bf16 queries): clean page ids
+// leave the flag at zero; ids one past the cache, negative and far outside set it, and their
+// keys read as zeros (K and V, parameters included: a page of zero bytes, as the reference reads
+// it), while the other keys and a clean sequence are read as ever.
+template <class Layout>
+void check_page_flags(const Layout& layout, std::int32_t longest, std::uint64_t seed) {
+  const std::vector<std::int32_t> lens{longest, 300, 40};
+  const std::int32_t q_heads = 4 * layout.num_kv_heads();
+  problem<Layout> pr(layout, pages_for(layout, lens) + 8, seed);
+  const std::int32_t zero_page = pr.free_pages.back();
+  pr.free_pages.pop_back();
+  const auto page_bytes = static_cast<std::size_t>(layout.bytes_per_page());
+  std::fill_n(pr.cache.begin() + static_cast<std::ptrdiff_t>(zero_page * page_bytes), page_bytes,
+              std::byte{0});
+  const auto good = pr.template make_step<__nv_bfloat16>(lens, q_heads);
+  const kvkit::decode_shape shape = kvkit::decode_shape_for(layout, 3, q_heads);
   kvkit_test::decode_mode mode;
   mode.check_pages = true;
-  auto ok = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+  INFO("seed " << seed << " longest " << longest);
+  const auto clean = kvkit_test::run_decode<128, Layout, __nv_bfloat16>(
       layout, pr.cache, pr.capacity, shape, {good}, pr.scales, {}, mode);
-  REQUIRE(ok.error == cudaSuccess);
-  CHECK(ok.page_check == 0);
+  REQUIRE(clean.error == cudaSuccess);
+  CHECK(clean.page_check == 0);
+  check_step<Layout, __nv_bfloat16>(pr, good, q_heads, {}, clean.out[0], clean.lse[0]);
+  // Pages inside each sequence (not its last): one past the cache in the first, a negative id and
+  // one far outside in the second; the third stays clean.
   auto bad = good;
-  bad.indices[1] = 1 << 20; // far outside the cache
-  bad.indices[5] = -3;
-  auto flagged = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+  auto seen = good; // what the kernel should read: the zero page for each bad id
+  for (const auto& [page, id] :
+       {std::pair{good.indptr[0] + 1, pr.capacity}, std::pair{good.indptr[1], -3},
+        std::pair{good.indptr[1] + 2, 1 << 20}}) {
+    REQUIRE(page + 1 < good.indptr[page < good.indptr[1] ? 1 : 2]);
+    bad.indices[static_cast<std::size_t>(page)] = id;
+    seen.indices[static_cast<std::size_t>(page)] = zero_page;
+  }
+  const auto flagged = kvkit_test::run_decode<128, Layout, __nv_bfloat16>(
       layout, pr.cache, pr.capacity, shape, {bad}, pr.scales, {}, mode);
   REQUIRE(flagged.error == cudaSuccess);
   CHECK(flagged.page_check == 1);
+  check_step<Layout, __nv_bfloat16>(pr, seen, q_heads, {}, flagged.out[0], flagged.lse[0]);
+}
+
+} // namespace
+
+TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothing outside",
+          "[cuda][decode]") {
+  // Each form of the check: bf16's and int4's predicated one, and the branch of the 8-bit
+  // kernels, one-tile (fp8) and two-tile (int8 over 2048 keys).
+  const std::uint64_t seed = kvkit_test::test_seed(0xBAD);
+  check_page_flags(bf16_nhd(16, 2, 128), 1000, seed);
+  check_page_flags(paged_layout<kvkit::int4_group_codec<32>>(16, 2, 128), 1000, seed + 1);
+  check_page_flags(paged_layout<kvkit::fp8_e4m3_codec>(16, 2, 128), 1000, seed + 2);
+  check_page_flags(paged_layout<kvkit::int8_codec>(16, 2, 128), 2100, seed + 3);
 }
 
 TEST_CASE("paged_decode: validate rejects bad arguments before launch", "[cuda][decode][host]") {
