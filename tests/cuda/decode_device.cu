@@ -782,6 +782,9 @@ KVKIT_DECODE_CASE(128, int8_k_int4_v, __half)
 KVKIT_DECODE_CASE(64, int4_32, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, int4_32, __nv_bfloat16)
 KVKIT_DECODE_CASE(128, bf16_nhd, __half)
+KVKIT_DECODE_CASE(256, e4m3_nhd, __nv_bfloat16)
+KVKIT_DECODE_CASE(256, int8_nhd, __nv_bfloat16)
+KVKIT_DECODE_CASE(64, int8_nhd, __half)
 
 std::vector<std::string> decode_residency_failures() {
   std::vector<std::string> failed;
@@ -807,6 +810,9 @@ std::vector<std::string> decode_residency_failures() {
   check_residency_all<int4_32, __nv_bfloat16, 64>("int4 g32", device, failed);
   check_residency_all<int4_32, __nv_bfloat16, 128>("int4 g32", device, failed);
   check_residency_all<bf16_nhd, __half, 128>("bf16, fp16 queries", device, failed);
+  check_residency_all<e4m3_nhd, __nv_bfloat16, 256>("fp8 e4m3", device, failed);
+  check_residency_all<int8_nhd, __nv_bfloat16, 256>("int8", device, failed);
+  check_residency_all<int8_nhd, __half, 64>("int8, fp16 queries", device, failed);
   return failed;
 }
 

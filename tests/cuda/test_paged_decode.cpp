@@ -427,6 +427,13 @@ TEST_CASE("paged_decode: every codec family, both orders", "[cuda][decode]") {
       check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
           {16, 4, 64}, group, lens, s + 7, {}, sms);
       check_decode<128, bf16_nhd, __half>({16, 4, 128}, group, lens, s + 8, {}, sms); // fp16 q
+      // The 8-bit caches at head dims 256 and 64 (the merge path left to the launcher at 256).
+      check_decode<256, paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>(
+          {16, 2, 256}, group, lens, s + 14, {}, sms, false);
+      check_decode<256, paged_layout<kvkit::int8_codec>, __nv_bfloat16>({16, 2, 256}, group, lens,
+                                                                        s + 15, {}, sms, false);
+      check_decode<64, paged_layout<kvkit::int8_codec>, __half>({16, 4, 64}, group, lens, s + 16,
+                                                                {}, sms);
     }
   }
 }
