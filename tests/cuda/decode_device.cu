@@ -650,6 +650,11 @@ std::vector<std::string> decode_validation_failures() {
   rejected(kvkit::paged_layout<kvkit::fp8_e4m3_codec>(16, 2, 128), "fp8 without static scales");
   rejected(kvkit::paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<32>>(16, 2, 128),
            "per-channel K codec");
+  // A kv_codec of the caller's own (bf16's twin, so the plan's shape fits): the kernels are
+  // written for the library's codecs.
+  struct own_bf16 : kvkit::bf16_codec {};
+  static_assert(kvkit::kv_codec<own_bf16>);
+  rejected(kvkit::paged_layout<own_bf16>(16, 2, 128), "a codec of the caller's own");
   // Plans: bad shapes and lengths are errors.
   if (kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 0, 2}, 132).ok() ||
       kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 2}, 132).ok() ||

@@ -398,6 +398,19 @@ std::vector<std::string> page_validation_failures() {
         w_int8{l_int8(16, 8, 96), fake, 4, slots, 3, t, t, nullptr}, false);
   write("int8 at head dim 80", w_int8{l_int8(16, 8, 80), fake, 4, slots, 3, t, t, nullptr}, false);
   write("int8 at head dim 256", w_int8{l_int8(16, 8, 256), fake, 4, slots, 3, t, t, nullptr}, true);
+  // A kv_codec of the caller's own (int8's twin): the kernels are written for the library's
+  // codecs, so both launchers' validate() refuse it (only validate is called: no kernel is built).
+  struct own_int8 : kvkit::int8_codec {};
+  static_assert(kvkit::kv_codec<own_int8>);
+  using l_own = kvkit::paged_layout<own_int8>;
+  if (kvkit::cuda::validate(kvkit::cuda::kv_write<l_own, __nv_bfloat16>{l_own(16, 8, 128), fake, 4,
+                                                                        slots, 3, t, t, nullptr})
+          .ok() ||
+      kvkit::cuda::validate(kvkit::cuda::page_batch<l_own, __nv_bfloat16>{l_own(16, 8, 128), fake,
+                                                                          4, ids, 2, t, t, nullptr})
+          .ok()) {
+    failed.emplace_back("a codec of the caller's own");
+  }
   // Tokens in blocks of four along the grid's x, counted in 32 bits.
   write("INT32_MAX - 3 tokens",
         w_fp16{l_fp16(16, 8, 128), fake, 4, slots, INT32_MAX - 3, t, t, nullptr}, true);

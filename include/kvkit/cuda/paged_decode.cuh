@@ -107,26 +107,27 @@ struct decode_args {
 
 namespace detail {
 
+// The library's per-token codecs (device_codec): the decode kernels read no per-channel ones.
 template <class C>
-inline constexpr bool decode_codec =
-    C::scaling == kv_scaling::none || C::scaling == kv_scaling::static_per_head ||
-    C::scaling == kv_scaling::per_token_head || C::scaling == kv_scaling::per_token_group;
+inline constexpr bool decode_codec = device_codec<C> &&
+                                     (C::scaling != kv_scaling::per_page_channel);
 
 } // namespace detail
 
 //! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim,
 //! kv_bits, kv_scaled_one_width, and page_size unless 0: decode_shape_for gives them), the codecs
-//! are per-token ones (a per-page-channel codec is rejected), the page table's page size is the
-//! layout's, the batch fits the plan (equals it unless the plan is graph-safe), the plan's batch
-//! and KV heads are at most 65535 each (the grid's z and y; plan_decode takes more), the pointers
-//! are set (the fp8 scales' pointer included: their values, on the device, are not checked; the
-//! cache, queries and outputs 16-byte aligned), options are in range, the workspace holds
-//! plan.workspace_bytes() 16-byte-aligned bytes, and zeroed counters, where given, number at least
-//! plan.counter_count() (a count without counters: bad_argument). The sequences' lengths are not
-//! checked on the host: each holds at most 2^30 keys (the kernel locates keys in 32 bits; the
-//! plans refuse longer lengths and bounds, window or not). A sequence with no pages (or no tokens)
-//! is skipped and its outputs and log-sum-exps left as they were, so a graph-safe batch can be
-//! padded with empty sequences; the CPU reference rejects empty ones.
+//! are the library's per-token ones (a per-page-channel codec, or a kv_codec of the caller's own,
+//! is rejected), the page table's page size is the layout's, the batch fits the plan (equals it
+//! unless the plan is graph-safe), the plan's batch and KV heads are at most 65535 each (the grid's
+//! z and y; plan_decode takes more), the pointers are set (the fp8 scales' pointer included: their
+//! values, on the device, are not checked; the cache, queries and outputs 16-byte aligned), options
+//! are in range, the workspace holds plan.workspace_bytes() 16-byte-aligned bytes, and zeroed
+//! counters, where given, number at least plan.counter_count() (a count without counters:
+//! bad_argument). The sequences' lengths are not checked on the host: each holds at most 2^30 keys
+//! (the kernel locates keys in 32 bits; the plans refuse longer lengths and bounds, window or not).
+//! A sequence with no pages (or no tokens) is skipped and its outputs and log-sum-exps left as they
+//! were, so a graph-safe batch can be padded with empty sequences; the CPU reference rejects empty
+//! ones.
 template <class Layout, query_element T>
 [[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
                               const void* workspace, std::size_t workspace_bytes) {

@@ -57,10 +57,11 @@ inline constexpr int columns_registers = 72;
 inline constexpr unsigned columns_max_threads =
     65536 / ((columns_registers * 32 + 255) / 256 * 256) * 32;
 
-//! Whether the page kernels and write_kv take pages of layout `l`: a valid layout with head_dim a
-//! multiple of 8 (the kernels move 8 channels at a time), 64, 128 or 256 for a codec with one
-//! scale per token and head (int8: its quantizer reduces a head's row across 2, 4 or 8 lanes),
-//! and a page region of at most 2^31 bits (the kernels locate codes in 32-bit arithmetic).
+//! Whether the page kernels and write_kv take pages of layout `l`: the library's codecs
+//! (device_codec), a valid layout with head_dim a multiple of 8 (the kernels move 8 channels at a
+//! time), 64, 128 or 256 for a codec with one scale per token and head (int8: its quantizer reduces
+//! a head's row across 2, 4 or 8 lanes), and a page region of at most 2^31 bits (the kernels locate
+//! codes in 32-bit arithmetic).
 template <class Layout>
 [[nodiscard]] bool page_kernels_fit(const Layout& l) {
   using K = typename Layout::k_codec;
@@ -73,18 +74,19 @@ template <class Layout>
     return true;
   };
   constexpr std::int64_t widest = K::bits > V::bits ? K::bits : V::bits;
-  return l.validate().ok() && l.head_dim() % 8 == 0 && head_dim_fits(K{}) && head_dim_fits(V{}) &&
+  return device_codec<K> && device_codec<V> && l.validate().ok() && l.head_dim() % 8 == 0 &&
+         head_dim_fits(K{}) && head_dim_fits(V{}) &&
          l.elements() * widest <= (std::int64_t{1} << 31);
 }
 
 } // namespace detail
 
-//! bad_argument unless the layout fits the kernels (head_dim a multiple of 8 and, for
-//! per-token-head codecs, 64, 128 or 256; a page's K or V region at most 2^31 bits; pages of at
-//! most 262140 tokens; for a per-channel codec, at most 65535 * 896 four-channel quads a token,
-//! over 234 million channels), the batch is non-negative, and when there is work the pointers that
-//! the codecs need are set, the cache, k and v 16-byte aligned (the kernels move 16 bytes at a
-//! time; a misaligned access would fault on the device), and capacity > 0.
+//! bad_argument unless the layout fits the kernels (the library's codecs, head_dim a multiple of 8
+//! and, for per-token-head codecs, 64, 128 or 256; a page's K or V region at most 2^31 bits; pages
+//! of at most 262140 tokens; for a per-channel codec, at most 65535 * 896 four-channel quads a
+//! token, over 234 million channels), the batch is non-negative, and when there is work the
+//! pointers that the codecs need are set, the cache, k and v 16-byte aligned (the kernels move 16
+//! bytes at a time; a misaligned access would fault on the device), and capacity > 0.
 template <class Layout, page_element T>
 [[nodiscard]] status validate(const page_batch<Layout, T>& b) {
   const auto& l = b.layout;

@@ -17,10 +17,12 @@ namespace kvkit::cuda {
 //! the cache, k and v 16-byte aligned.
 template <class Layout, page_element T>
 struct kv_write {
-  Layout layout;                       //!< page geometry and codecs (per-token codecs only)
-  std::byte* cache = nullptr;          //!< [capacity][layout.bytes_per_page()]
-  std::int32_t capacity = 0;           //!< pages in `cache`
-  const std::int64_t* slots = nullptr; //!< [num_tokens] block * page_size + offset; < 0: skip
+  Layout layout;              //!< page geometry and codecs (per-token codecs only)
+  std::byte* cache = nullptr; //!< [capacity][layout.bytes_per_page()]
+  std::int32_t capacity = 0;  //!< pages in `cache`
+  //! [num_tokens] block * page_size + offset, distinct (one slot written twice in a launch may
+  //! mix the two tokens' codes and scales); < 0: skip.
+  const std::int64_t* slots = nullptr;
   std::int32_t num_tokens = 0;
   const T* k = nullptr;                 //!< [num_tokens][kv_heads][head_dim]
   const T* v = nullptr;                 //!< same shape as k

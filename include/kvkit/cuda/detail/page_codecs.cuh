@@ -22,6 +22,17 @@
 
 namespace kvkit::cuda::detail {
 
+//! Whether the CUDA kernels know codec C: the library's own codecs, whose codes and parameter
+//! bytes the kernels' device paths are written for. Another kv_codec works with the host
+//! reference and the host pieces; the launchers' validate() rejects it.
+template <class C>
+inline constexpr bool device_codec =
+    std::is_same_v<C, fp16_codec> || std::is_same_v<C, bf16_codec> ||
+    std::is_same_v<C, fp8_e4m3_codec> || std::is_same_v<C, fp8_e5m2_codec> ||
+    std::is_same_v<C, int8_codec> || std::is_same_v<C, int4_group_codec<32>> ||
+    std::is_same_v<C, int4_group_codec<64>> || std::is_same_v<C, int4_group_codec<128>> ||
+    std::is_same_v<C, int4_channel_codec>;
+
 //! fmaxf and fminf that return NaN when either input is NaN (one instruction each).
 __device__ inline float max_nan(float a, float b) {
   float r;
