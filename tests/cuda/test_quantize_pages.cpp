@@ -426,6 +426,32 @@ TEST_CASE("write_kv writes each token into its slot as the reference would", "[c
                  __nv_bfloat16>({16, 8, 128}, seed + 4, true);
 }
 
+TEST_CASE("rows of 1024 threads: 64 KV heads of 128 channels, 32 of 256", "[cuda][quant]") {
+  // A token's row of 8192 channels is 1024 chunks of eight, so the rows, runs and dequantize
+  // kernels and write_kv launch CTAs of 1024 threads (detail::threads_for), which fit only while
+  // each kernel keeps to 64 registers a thread; the per-channel dequantizer too, its quantizer
+  // capped at 896 threads. A compiler that gave one of them more would fail its launch here.
+  const std::uint64_t seed = kvkit_test::test_seed(8192);
+  check<paged_layout<kvkit::fp16_codec>, __nv_bfloat16>({4, 64, 128}, 5, seed);
+  check<paged_layout<kvkit::bf16_codec, kvkit::bf16_codec, kv_order::hnd>, float>({4, 64, 128}, 5,
+                                                                                  seed + 1);
+  check<paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>({4, 64, 128}, 5, seed + 2);
+  check<paged_layout<kvkit::fp8_e5m2_codec, kvkit::fp8_e5m2_codec, kv_order::hnd>, __half>(
+      {4, 32, 256}, 5, seed + 3);
+  check<paged_layout<kvkit::int8_codec>, __nv_bfloat16>({4, 64, 128}, 5, seed + 4);
+  check<paged_layout<kvkit::int8_codec, kvkit::int8_codec, kv_order::hnd>, float>({4, 64, 128}, 5,
+                                                                                  seed + 5);
+  check<paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>({4, 64, 128}, 5, seed + 6);
+  check<paged_layout<kvkit::int4_group_codec<128>>, __nv_bfloat16>({4, 32, 256}, 5, seed + 7);
+  check<paged_layout<kvkit::int4_channel_codec, kvkit::int8_codec, kv_order::hnd>, float>(
+      {4, 64, 128}, 5, seed + 8);
+  check_write_kv<paged_layout<kvkit::fp16_codec>, __nv_bfloat16>({16, 64, 128}, seed + 9);
+  check_write_kv<paged_layout<kvkit::int8_codec, kvkit::int8_codec, kv_order::hnd>, float>(
+      {16, 64, 128}, seed + 10);
+  check_write_kv<paged_layout<kvkit::fp8_e4m3_codec, kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+      {16, 64, 128}, seed + 11);
+}
+
 TEST_CASE("write_kv, quantize_pages and dequantize_pages leave pages outside the cache alone in "
           "their debug mode, and flag them",
           "[cuda][quant]") {
