@@ -607,6 +607,12 @@ std::vector<std::string> decode_validation_failures() {
   auto bad_plan = plan;
   bad_plan.chunk_tokens = 100;
   check("chunk not a multiple of the tile", good, bad_plan, fake, ws, false);
+  // A chunk of at most 2^30 keys, as the plans make them (the kernel's split ends are 32-bit).
+  bad_plan = plan;
+  bad_plan.chunk_tokens = 1 << 30;
+  check("a chunk of 2^30 keys", good, bad_plan, fake, ws, true);
+  bad_plan.chunk_tokens = (1 << 30) + kvkit::decode_plan::tile_tokens;
+  check("a chunk over 2^30 keys", good, bad_plan, fake, ws, false);
   bad_plan = plan;
   bad_plan.shape.head_dim = 96;
   check("head dim 96", good, bad_plan, fake, ws, false);

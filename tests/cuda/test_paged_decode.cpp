@@ -989,11 +989,13 @@ void check_page_flags(const Layout& layout, std::int32_t longest, std::uint64_t 
 TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothing outside",
           "[cuda][decode]") {
   // Each form of the check: bf16's and int4's predicated one, and the branch of the 8-bit
-  // kernels, one-tile (fp8) and two-tile (int8 over 2048 keys).
+  // kernels, one-tile (fp8 over 8 KV heads: 192 blocks of 8 splits, more than the device's SMs,
+  // so neither the small grid's two-tile kernel nor fp8's paired one) and two-tile (int8 over
+  // 2048 keys).
   const std::uint64_t seed = kvkit_test::test_seed(0xBAD);
   check_page_flags(bf16_nhd(16, 2, 128), 1000, seed);
   check_page_flags(paged_layout<kvkit::int4_group_codec<32>>(16, 2, 128), 1000, seed + 1);
-  check_page_flags(paged_layout<kvkit::fp8_e4m3_codec>(16, 2, 128), 1000, seed + 2);
+  check_page_flags(paged_layout<kvkit::fp8_e4m3_codec>(16, 8, 128), 1000, seed + 2);
   check_page_flags(paged_layout<kvkit::int8_codec>(16, 2, 128), 2100, seed + 3);
 }
 

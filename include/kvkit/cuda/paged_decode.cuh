@@ -145,8 +145,9 @@ template <class Layout, query_element T>
     return errc::bad_argument;
   }
   if (plan.chunk_tokens <= 0 || plan.chunk_tokens % decode_plan::tile_tokens != 0 ||
-      plan.max_splits <= 0 || plan.max_splits > decode_plan::max_splits_limit ||
-      s.num_kv_heads > detail::max_grid_rows || s.batch_size > detail::max_grid_rows) {
+      plan.chunk_tokens > kvkit::detail::max_decode_keys || plan.max_splits <= 0 ||
+      plan.max_splits > decode_plan::max_splits_limit || s.num_kv_heads > detail::max_grid_rows ||
+      s.batch_size > detail::max_grid_rows) {
     return errc::bad_argument;
   }
   const attention_options& o = a.options;
@@ -2654,6 +2655,7 @@ template <class Layout, query_element T>
 [[nodiscard]] cudaError_t paged_decode(const decode_args<Layout, T>& a, const decode_plan& plan,
                                        void* workspace, std::size_t workspace_bytes,
                                        cudaStream_t stream) {
+  static_assert(detail::device_layout<Layout>, "paged_decode takes the library's codecs only");
   switch (plan.shape.head_dim) {
   case 64:
     return paged_decode_dim<64>(a, plan, workspace, workspace_bytes, stream);

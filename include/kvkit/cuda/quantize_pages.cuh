@@ -74,7 +74,7 @@ template <class Layout>
     return true;
   };
   constexpr std::int64_t widest = K::bits > V::bits ? K::bits : V::bits;
-  return device_codec<K> && device_codec<V> && l.validate().ok() && l.head_dim() % 8 == 0 &&
+  return device_layout<Layout> && l.validate().ok() && l.head_dim() % 8 == 0 &&
          head_dim_fits(K{}) && head_dim_fits(V{}) &&
          l.elements() * widest <= (std::int64_t{1} << 31);
 }
@@ -942,6 +942,7 @@ cudaError_t launch_regions(const page_batch<Layout, T>& b, cudaStream_t stream) 
 // The debug mode (a flag to set) runs kernels of their own, so the ordinary ones test nothing.
 template <bool Quantize, class Layout, class T>
 cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
+  static_assert(device_layout<Layout>, "the page kernels take the library's codecs only");
   return with_page_check(b.page_check, [&](auto checked) {
     return launch_regions<Quantize, decltype(checked)::value>(b, stream);
   });

@@ -63,6 +63,7 @@ template <class Layout, page_element T>
 //! Asynchronous on `stream`; cudaErrorInvalidValue when `validate` fails.
 template <class Layout, page_element T>
 [[nodiscard]] cudaError_t write_kv(const kv_write<Layout, T>& w, cudaStream_t stream) {
+  static_assert(detail::device_layout<Layout>, "write_kv takes the library's codecs only");
   if (!validate(w).ok()) {
     return cudaErrorInvalidValue;
   }

@@ -19,19 +19,27 @@
 #include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/quant/codecs.hpp"
+#include "kvkit/quant/kv_format.hpp"
 
 namespace kvkit::cuda::detail {
 
-//! Whether the CUDA kernels know codec C: the library's own codecs, whose codes and parameter
-//! bytes the kernels' device paths are written for. Another kv_codec works with the host
-//! reference and the host pieces; the launchers' validate() rejects it.
+//! Whether the CUDA kernels know codec C: one of the library's codecs (every kv_format's), whose
+//! codes and parameter bytes the kernels' device paths are written for. Another kv_codec works
+//! with the host reference and the host pieces; the launchers refuse to build for it.
 template <class C>
-inline constexpr bool device_codec =
-    std::is_same_v<C, fp16_codec> || std::is_same_v<C, bf16_codec> ||
-    std::is_same_v<C, fp8_e4m3_codec> || std::is_same_v<C, fp8_e5m2_codec> ||
-    std::is_same_v<C, int8_codec> || std::is_same_v<C, int4_group_codec<32>> ||
-    std::is_same_v<C, int4_group_codec<64>> || std::is_same_v<C, int4_group_codec<128>> ||
-    std::is_same_v<C, int4_channel_codec>;
+inline constexpr bool device_codec = [] {
+  bool known = false;
+  for (const kv_format f : all_kv_formats) {
+    known = known || visit_codec(f, [](auto codec) { return std::is_same_v<decltype(codec), C>; });
+  }
+  return known;
+}();
+
+//! Whether both codecs of `Layout` are the library's: the launchers static_assert it, and their
+//! validate() returns bad_argument where it does not hold.
+template <class Layout>
+inline constexpr bool device_layout =
+    device_codec<typename Layout::k_codec>&& device_codec<typename Layout::v_codec>;
 
 //! fmaxf and fminf that return NaN when either input is NaN (one instruction each).
 __device__ inline float max_nan(float a, float b) {
