@@ -234,6 +234,20 @@ merged expected_merge(std::int32_t max_splits, bool cluster_device) {
                                                                                 : merged::workspace;
 }
 
+// The merge a launch took: none (one split), through the workspace (written) or in clusters.
+merged merge_taken(const kvkit_test::decode_outcome& got) {
+  return got.max_splits <= 1     ? merged::none
+         : got.workspace_written ? merged::workspace
+                                 : merged::clusters;
+}
+
+// Whether a log-sum-exp still holds the poison written before the launch (all bits set).
+bool poisoned_lse(float x) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits == 0xFFFFFFFFU;
+}
+
 // Pages that sequences of `lens` tokens fill.
 template <class Layout>
 std::int32_t pages_for(const Layout& layout, const std::vector<std::int32_t>& lens) {
@@ -279,9 +293,7 @@ merged check_decode(const Layout& layout, std::int32_t group, const std::vector<
   CHECK(got.past_workspace_intact);
   // Unless the caller says otherwise (`clusters_fit`), the grid is small enough for every cluster
   // to fit: a plan of up to 8 splits merges in clusters on a device that has them.
-  const merged path = got.max_splits <= 1     ? merged::none
-                      : got.workspace_written ? merged::workspace
-                                              : merged::clusters;
+  const merged path = merge_taken(got);
   if (clusters_fit) {
     CHECK(path == expected_merge(got.max_splits, got.cluster_device));
   }
@@ -712,16 +724,9 @@ TEST_CASE("paged_decode: without the LSE output, the same outputs on every merge
     check_steps(pr, steps, q_heads, with);
     CHECK((sms == 1) == (with.max_splits == 1));
     CHECK((sms == 4096) == (with.max_splits > kvkit::decode_plan::max_cluster_splits));
-    const merged path = with.max_splits <= 1     ? merged::none
-                        : with.workspace_written ? merged::workspace
-                                                 : merged::clusters;
-    CHECK(path == expected_merge(with.max_splits, with.cluster_device));
+    CHECK(merge_taken(with) == expected_merge(with.max_splits, with.cluster_device));
     CHECK(without.out == with.out);
-    CHECK(std::all_of(without.lse[0].begin(), without.lse[0].end(), [](float x) {
-      std::uint32_t bits = 0;
-      std::memcpy(&bits, &x, sizeof bits);
-      return bits == 0xFFFFFFFFU;
-    }));
+    CHECK(std::all_of(without.lse[0].begin(), without.lse[0].end(), poisoned_lse));
   }
 }
 
@@ -770,14 +775,11 @@ bool drop_empty(const kvkit_test::decode_step& s, std::int32_t q_heads, std::int
     const auto first_out = out.begin() + static_cast<std::ptrdiff_t>(b * row_elems);
     const auto first_lse = lse.begin() + static_cast<std::ptrdiff_t>(b * rows);
     if (s.indptr[b + 1] == s.indptr[b]) {
-      poisoned = poisoned &&
-                 std::all_of(first_out, first_out + static_cast<std::ptrdiff_t>(row_elems),
-                             [](std::uint16_t x) { return x == 0xFFFFU; }) &&
-                 std::all_of(first_lse, first_lse + static_cast<std::ptrdiff_t>(rows), [](float x) {
-                   std::uint32_t bits = 0;
-                   std::memcpy(&bits, &x, sizeof bits);
-                   return bits == 0xFFFFFFFFU;
-                 });
+      poisoned =
+          poisoned &&
+          std::all_of(first_out, first_out + static_cast<std::ptrdiff_t>(row_elems),
+                      [](std::uint16_t x) { return x == 0xFFFFU; }) &&
+          std::all_of(first_lse, first_lse + static_cast<std::ptrdiff_t>(rows), poisoned_lse);
       continue;
     }
     kept.indices.insert(kept.indices.end(), s.indices.begin() + s.indptr[b],
