@@ -421,9 +421,11 @@ private:
       }
     }
     const std::int32_t refs = allocator_->ref_count(b);
-    return refs == 1 || refs - static_cast<std::int32_t>(
-                                   std::count(copy_sources_.begin(), copy_sources_.end(), b)) ==
-                            1;
+    if (refs == 1) {
+      return true;
+    }
+    const auto pending = std::count(copy_sources_.begin(), copy_sources_.end(), b);
+    return refs - static_cast<std::int32_t>(pending) == 1;
   }
 
   [[nodiscard]] const sequence* find(seq_id s) const noexcept {

@@ -39,7 +39,8 @@ inline constexpr bool device_codec = [] {
 //! validate() returns bad_argument where it does not hold.
 template <class Layout>
 inline constexpr bool device_layout =
-    device_codec<typename Layout::k_codec>&& device_codec<typename Layout::v_codec>;
+    std::conjunction_v<std::bool_constant<device_codec<typename Layout::k_codec>>,
+                       std::bool_constant<device_codec<typename Layout::v_codec>>>;
 
 //! fmaxf and fminf that return NaN when either input is NaN (one instruction each).
 __device__ inline float max_nan(float a, float b) {
