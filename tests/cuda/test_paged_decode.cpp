@@ -662,9 +662,10 @@ TEST_CASE("paged_decode: one workspace serves plans of different batches in turn
   // An engine keeps one workspace while its batch grows and shrinks: each step's plan lays out
   // the workspace differently, so no step may depend on what an earlier one left there. The last
   // step's 40 sequences (80 counters, 512 bytes) keep counters where the step before it (2
-  // sequences, 256 bytes of counters) left its partial log-sum-exps.
+  // sequences, 256 bytes of counters) left its partial log-sum-exps. Its sequences of 2500 keys
+  // are cut in 20 splits (one of 2000 keys would be cut in 8 at most, merged in clusters).
   const std::uint64_t seed = kvkit_test::test_seed(0x5EED);
-  problem<bf16_nhd> pr(bf16_nhd(16, 2, 128), 4096, seed);
+  problem<bf16_nhd> pr(bf16_nhd(16, 2, 128), 8192, seed);
   const std::int32_t q_heads = 8;
   std::vector<kvkit_test::decode_step> steps;
   for (const auto& lens :
@@ -672,11 +673,11 @@ TEST_CASE("paged_decode: one workspace serves plans of different batches in turn
                                               {4000},
                                               {2500, 3500, 100},
                                               {1, 6000},
-                                              std::vector<std::int32_t>(40, 600)}) {
+                                              std::vector<std::int32_t>(40, 2500)}) {
     steps.push_back(pr.make_step<__nv_bfloat16>(lens, q_heads));
   }
   const auto last =
-      kvkit::plan_decode({40, q_heads, 2, 128, 0}, std::vector<std::int32_t>(40, 600), 4096);
+      kvkit::plan_decode({40, q_heads, 2, 128, 0}, std::vector<std::int32_t>(40, 2500), 4096);
   REQUIRE(last.ok());
   REQUIRE(last->max_splits > kvkit::decode_plan::max_cluster_splits);
   // Back to back, with no host synchronization between launches: each zeroes its arrival
