@@ -57,6 +57,14 @@ inline constexpr int columns_registers = 72;
 inline constexpr unsigned columns_max_threads =
     65536 / ((columns_registers * 32 + 255) / 256 * 256) * 32;
 
+// Registers of the row kernels (quantize_rows_kernel, dequantize_rows_kernel,
+// dequantize_columns_kernel), whose CTAs cover a whole row of a page, up to 1024 threads (64 KV
+// heads of 128 channels). A CTA of 1024 threads fits an SM's 65536 registers only at 64 or fewer
+// a thread, so the cap holds the compiler to that on every architecture the PTX is compiled for.
+// Without a cap these kernels took 32-47 (sm_90a); a cap of 64 let them take up to 64, and 48
+// keeps them where they were: both measured the same as no cap (H100, 2026-12-05).
+inline constexpr int row_kernel_registers = 48;
+
 //! Whether the page kernels and write_kv take pages of layout `l`: the library's codecs
 //! (device_codec), a valid layout with head_dim a multiple of 8 (the kernels move 8 channels at a
 //! time), 64, 128 or 256 for a codec with one scale per token and head (int8: its quantizer reduces
@@ -269,9 +277,9 @@ struct page_rows {
 };
 
 template <kv_codec C, bool Checked, class Layout, class T>
-__global__ void quantize_rows_kernel(Layout l, const T* src, std::byte* cache,
-                                     const std::int32_t* page_ids, std::int64_t data_offset,
-                                     const float* scales, page_guard guard) {
+__global__ void __maxnreg__(row_kernel_registers)
+    quantize_rows_kernel(Layout l, const T* src, std::byte* cache, const std::int32_t* page_ids,
+                         std::int64_t data_offset, const float* scales, page_guard guard) {
   const std::int32_t page_id = page_ids[static_cast<std::int32_t>(blockIdx.x)];
   if (guard.rejects<Checked>(page_id)) {
     return;
@@ -322,10 +330,10 @@ struct slot_rows {
 };
 
 template <kv_codec C, bool Checked, class Layout, class T>
-__global__ void dequantize_rows_kernel(Layout l, const std::byte* cache,
-                                       const std::int32_t* page_ids, std::int64_t data_offset,
-                                       std::int64_t param_offset, T* dst, const float* scales,
-                                       page_guard guard) {
+__global__ void __maxnreg__(row_kernel_registers)
+    dequantize_rows_kernel(Layout l, const std::byte* cache, const std::int32_t* page_ids,
+                           std::int64_t data_offset, std::int64_t param_offset, T* dst,
+                           const float* scales, page_guard guard) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t page_id = page_ids[page_index];
   if (guard.rejects<Checked>(page_id)) {
@@ -813,9 +821,10 @@ __global__ void __maxnreg__(columns_registers)
 // Per-channel codecs, decoding: a thread reads its eight channels' parameters once, then decodes
 // a 4-byte word per token, four tokens' loads at a time.
 template <kv_codec C, bool Checked, class Layout, class T>
-__global__ void dequantize_columns_kernel(Layout l, const std::byte* cache,
-                                          const std::int32_t* page_ids, std::int64_t data_offset,
-                                          std::int64_t param_offset, T* dst, page_guard guard) {
+__global__ void __maxnreg__(row_kernel_registers)
+    dequantize_columns_kernel(Layout l, const std::byte* cache, const std::int32_t* page_ids,
+                              std::int64_t data_offset, std::int64_t param_offset, T* dst,
+                              page_guard guard) {
   const auto page_index = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t page_id = page_ids[page_index];
   if (guard.rejects<Checked>(page_id)) {
