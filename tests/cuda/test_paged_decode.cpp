@@ -667,17 +667,13 @@ TEST_CASE("paged_decode: one workspace serves plans of different batches in turn
   const std::uint64_t seed = kvkit_test::test_seed(0x5EED);
   problem<bf16_nhd> pr(bf16_nhd(16, 2, 128), 8192, seed);
   const std::int32_t q_heads = 8;
+  const std::vector<std::int32_t> last_lens(40, 2500);
   std::vector<kvkit_test::decode_step> steps;
-  for (const auto& lens :
-       std::vector<std::vector<std::int32_t>>{{3000, 2000, 1500, 900, 700, 5000},
-                                              {4000},
-                                              {2500, 3500, 100},
-                                              {1, 6000},
-                                              std::vector<std::int32_t>(40, 2500)}) {
+  for (const auto& lens : std::vector<std::vector<std::int32_t>>{
+           {3000, 2000, 1500, 900, 700, 5000}, {4000}, {2500, 3500, 100}, {1, 6000}, last_lens}) {
     steps.push_back(pr.make_step<__nv_bfloat16>(lens, q_heads));
   }
-  const auto last =
-      kvkit::plan_decode({40, q_heads, 2, 128, 0}, std::vector<std::int32_t>(40, 2500), 4096);
+  const auto last = kvkit::plan_decode({40, q_heads, 2, 128, 0}, last_lens, 4096);
   REQUIRE(last.ok());
   REQUIRE(last->max_splits > kvkit::decode_plan::max_cluster_splits);
   // Back to back, with no host synchronization between launches: each zeroes its arrival
