@@ -33,7 +33,7 @@ struct page_batch {
   Layout layout;                          //!< page geometry and codecs
   std::byte* cache = nullptr;             //!< [capacity][layout.bytes_per_page()] one layer
   std::int32_t capacity = 0;              //!< pages in `cache`
-  const std::int32_t* page_ids = nullptr; //!< [num_pages] pages to write (or read)
+  const std::int32_t* page_ids = nullptr; //!< [num_pages] pages to write (distinct) or read
   std::int32_t num_pages = 0;             //!< pages in this batch
   T* k = nullptr;                         //!< [num_pages][page_size][kv_heads][head_dim]
   T* v = nullptr;                         //!< same shape as k

@@ -36,10 +36,11 @@ struct kv_write {
 //! bad_argument unless the layout fits the kernels as quantize_pages' validate says (head_dim a
 //! multiple of 8 and, for per-token-head codecs such as int8, 64, 128 or 256; a page's K or V
 //! region at most 2^31 bits), neither codec keeps per-page parameters (a per-channel codec needs
-//! whole pages: use quantize_pages), the count is from 0 to INT32_MAX - 3, and the pointers the
-//! codecs need are set, the cache, k and v 16-byte aligned (the kernel moves 16 bytes at a time; a
-//! misaligned access would fault on the device). Slots must lie inside the cache (block_table's
-//! slot mappings do); they are checked on the device only in the debug mode (kv_write::page_check).
+//! whole pages: use quantize_pages), the count is from 0 to INT32_MAX - 3, and when there are
+//! tokens the pointers the codecs need are set, capacity > 0, and the cache, k and v 16-byte
+//! aligned (the kernel moves 16 bytes at a time; a misaligned access would fault on the device).
+//! Slots must lie inside the cache (block_table's slot mappings do); they are checked on the
+//! device only in the debug mode (kv_write::page_check).
 template <class Layout, page_element T>
 [[nodiscard]] status validate(const kv_write<Layout, T>& w) {
   using K = typename Layout::k_codec;
