@@ -287,3 +287,118 @@ TEST_CASE("abort gives back a running request's blocks", "[scheduler]") {
   CHECK(r.pool.num_used() == 0);
   CHECK_FALSE(r.sched.has_work());
 }
+
+TEST_CASE("the watermark holds admission back only while other sequences run", "[scheduler]") {
+  // 10 blocks of 4 tokens and a watermark of 5: request 1 needs 8 blocks for its prompt, more
+  // than the 5 beyond the watermark, but fits the allocator alone, so it is admitted while
+  // nothing runs; request 2 then waits for the watermark until 1 is done.
+  rig r(10,
+        {.max_running = 4, .max_batched_tokens = 64, .prefill_chunk = 64, .watermark_blocks = 5});
+  REQUIRE(r.sched.add_request({1, prompt_of(32), 1, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(4), 1, 0}).ok());
+  const auto& plan = r.sched.step();
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].id == 1);
+  CHECK(r.sched.num_waiting() == 1);
+  const std::vector<token_id> one{7};
+  const kvkit::sample_result s{1, one, false};
+  REQUIRE(r.sched.complete_step(std::span(&s, 1)).ok());
+  const auto out = r.run(100);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(out.contains(2));
+  CHECK(r.pool.num_used() == 0);
+}
+
+namespace {
+
+// 10 blocks of 4 tokens, a watermark of 2, swap preemption: A (4 + 30 tokens) and B (28 + 8)
+// start together; when A needs its third block, B (8 blocks) is swapped out, and it needs 9 or 10
+// blocks to come back: more than the 8 beyond the watermark, so it returns once A is done.
+rig<> swap_rig() {
+  return rig<>(10, {.max_running = 4,
+                    .max_batched_tokens = 64,
+                    .prefill_chunk = 64,
+                    .watermark_blocks = 2,
+                    .preemption = kvkit::preemption_mode::swap,
+                    .host_blocks = 16});
+}
+
+// Runs one step of `r`, sampling token 9 for every sampling sequence; returns the plan's swap-outs.
+std::size_t run_step(rig<>& r) {
+  const auto& plan = r.sched.step();
+  const std::size_t swapped = plan.swap_out.size();
+  std::vector<std::vector<token_id>> storage;
+  std::vector<kvkit::sample_result> samples;
+  storage.reserve(plan.batch.size());
+  for (const auto& s : plan.batch) {
+    if (s.samples) {
+      storage.push_back({9});
+      samples.push_back({s.id, storage.back(), false});
+    }
+  }
+  REQUIRE(r.sched.complete_step(samples).ok());
+  return swapped;
+}
+
+} // namespace
+
+TEST_CASE("a request swapped out comes back once the sequences before it are done", "[scheduler]") {
+  rig<> r = swap_rig();
+  REQUIRE(r.sched.add_request({1, prompt_of(4), 30, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(28, 50), 8, 0}).ok());
+  std::size_t swapped = 0;
+  for (int step = 0; r.sched.has_work() && step < 200; ++step) {
+    swapped += run_step(r);
+  }
+  CHECK(swapped == 8);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(r.sched.host_blocks_used() == 0);
+  CHECK(r.pool.num_used() == 0);
+}
+
+TEST_CASE("abort gives back a swapped-out request's host blocks", "[scheduler]") {
+  for (const bool in_flight : {false, true}) {
+    INFO("aborted " << (in_flight ? "during the step that swaps it out" : "between steps"));
+    rig<> r = swap_rig();
+    REQUIRE(r.sched.add_request({1, prompt_of(4), 30, 0}).ok());
+    REQUIRE(r.sched.add_request({2, prompt_of(28, 50), 8, 0}).ok());
+    if (in_flight) {
+      // Steps until the plan swaps B out; abort it before the step completes: this step's
+      // copies go into its host blocks, so they stay taken until complete_step.
+      bool aborted = false;
+      for (int step = 0; !aborted && step < 50; ++step) {
+        const auto& plan = r.sched.step();
+        std::vector<std::vector<token_id>> storage;
+        std::vector<kvkit::sample_result> samples;
+        storage.reserve(plan.batch.size());
+        for (const auto& s : plan.batch) {
+          if (s.samples) {
+            storage.push_back({9});
+            samples.push_back({s.id, storage.back(), false});
+          }
+        }
+        if (!plan.swap_out.empty()) {
+          REQUIRE(r.sched.abort(2).ok());
+          CHECK(r.sched.host_blocks_used() == 8);
+          aborted = true;
+        }
+        REQUIRE(r.sched.complete_step(samples).ok());
+      }
+      REQUIRE(aborted);
+      CHECK(r.sched.host_blocks_used() == 0);
+    } else {
+      for (int step = 0; r.sched.num_swapped() == 0 && step < 50; ++step) {
+        (void)run_step(r);
+      }
+      REQUIRE(r.sched.num_swapped() == 1);
+      CHECK(r.sched.host_blocks_used() == 8);
+      REQUIRE(r.sched.abort(2).ok());
+      CHECK(r.sched.host_blocks_used() == 0); // at once: no step is in flight
+    }
+    const auto out = r.run(200);
+    CHECK(out.size() == 1);
+    CHECK(out.contains(1));
+    CHECK_FALSE(r.sched.has_work());
+    CHECK(r.pool.num_used() == 0);
+  }
+}

@@ -143,6 +143,11 @@ private:
         static_cast<std::int32_t>(plan.batch.size()) > s_.cfg.max_running) {
       return "budget exceeded";
     }
+    // Called only with work left; every request fits the pool alone, so a step that computes
+    // nothing is a stall (random aborts would only hide it later).
+    if (plan.batch.empty()) {
+      return "a step computed nothing with requests left";
+    }
     for (const auto& m : plan.swap_out) {
       copy_block(device_, m.src, host_, m.dst);
     }
@@ -310,6 +315,19 @@ TEST_CASE("random workloads: budgets, contents, exact outputs, no leaks, no star
                                  true,
                                  400},
                                 seed + 1);
+  // A watermark of 8 of 14 blocks: a request swapped out with more than 6 blocks' worth of
+  // tokens (a request takes up to 11) must still come back once the others are done.
+  preempted += run<kvkit::fcfs>({14,
+                                 4,
+                                 {.max_running = 6,
+                                  .max_batched_tokens = 24,
+                                  .prefill_chunk = 7,
+                                  .watermark_blocks = 8,
+                                  .preemption = preemption_mode::swap,
+                                  .host_blocks = 12},
+                                 true,
+                                 400},
+                                seed + 4);
   preempted += run<kvkit::priority_first>({16,
                                            3,
                                            {.max_running = 5,

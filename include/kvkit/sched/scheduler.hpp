@@ -34,8 +34,10 @@ struct scheduler_config {
   std::int32_t max_running = 256;         //!< sequences computed in one step
   std::int32_t max_batched_tokens = 8192; //!< tokens computed in one step, all sequences together
   std::int32_t prefill_chunk = 2048;      //!< most prompt tokens one sequence computes per step
-  std::int32_t watermark_blocks = 0;      //!< free blocks admission leaves for running sequences
-  std::int32_t lookahead = 0;             //!< speculative tokens reserved per decode step
+  //! Free blocks admission and swap-in leave for the running sequences to grow into; none while
+  //! no sequence runs, so a request that fits the allocator alone is never held back by it.
+  std::int32_t watermark_blocks = 0;
+  std::int32_t lookahead = 0; //!< speculative tokens reserved per decode step
   preemption_mode preemption = preemption_mode::recompute;
   std::int32_t host_blocks = 0; //!< capacity of the swap tier, in blocks
 
@@ -100,9 +102,9 @@ struct finished_request {
 //! Each step: running sequences in policy order get their next tokens (a prefill chunk, or one
 //! token plus `lookahead` slots); when blocks run out, the running sequence that comes last in
 //! policy order is preempted. Then swapped-out requests come back, and waiting requests are
-//! admitted in policy order while the budgets and the free blocks (beyond the watermark) allow;
-//! an admission first takes the longest cached prefix. The engine runs the plan and reports the
-//! sampled tokens to `complete_step`.
+//! admitted in policy order while the budgets and the free blocks (beyond the watermark, while
+//! others run) allow; an admission first takes the longest cached prefix. The engine runs the plan
+//! and reports the sampled tokens to `complete_step`.
 template <block_mapping Mapping, prefix_index Index, block_allocator Allocator,
           scheduling_policy Policy = fcfs>
 class scheduler {
@@ -150,7 +152,9 @@ public:
     return {};
   }
 
-  //! Removes a request wherever it is, giving back its blocks. unknown_sequence if there is none.
+  //! Removes a request wherever it is, giving back its blocks (a swapped-out request's host
+  //! blocks at once between steps; during a step, at its complete_step, as this step's swap-out
+  //! may be copying into them). unknown_sequence if there is none.
   //! Also between step() and complete_step(), once the engine has exported the step's inputs from
   //! the block table (the sequence leaves the table, so an export that names it fails: drop it
   //! from the batch first): a request of the step in flight then has no result to report
@@ -172,7 +176,11 @@ public:
       erase_from(running_, id);
     } else if (e.where == place::swapped) {
       for (const block_id b : e.host) {
-        host_release_.push_back(b);
+        if (in_flight_) {
+          host_release_.push_back(b); // this step's swap-out may still be copying into it
+        } else {
+          [[maybe_unused]] const status released = host_.release(b);
+        }
       }
       erase_from(swapped_, id);
     } else {
@@ -192,6 +200,7 @@ public:
     plan_.num_tokens = 0;
     ++step_epoch_;
     num_sampling_ = 0;
+    in_flight_ = true;
     std::int32_t budget = config_.max_batched_tokens;
     // 1. Running requests, in policy order; preempt from the back when blocks run out.
     for (std::size_t i = 0; i < running_.size() && budget > 0;) {
@@ -315,6 +324,7 @@ public:
     plan_.batch.clear();
     ++step_epoch_; // nothing of the old plan can be sampled any more
     num_sampling_ = 0;
+    in_flight_ = false;
     return done;
   }
 
@@ -390,6 +400,13 @@ private:
     insert_sorted(waiting_, id);
   }
 
+  // Free blocks that admission and swap-in leave for the running sequences: the watermark, or none
+  // while none runs (a request that fits the allocator alone must get in once the others are
+  // done, or it would hold every request behind it back for good).
+  [[nodiscard]] std::int32_t watermark() const noexcept {
+    return running_.empty() ? 0 : config_.watermark_blocks;
+  }
+
   // Starts request `id` (waiting) with its cached prefix and a first chunk. False when it does not
   // fit now.
   bool admit(seq_id id, std::int32_t& budget) {
@@ -400,7 +417,7 @@ private:
     const std::int32_t bs = table_->block_size();
     const std::int32_t need =
         blocks_for_tokens(p.num_tokens + n, bs) - p.num_blocks + (p.num_tokens % bs != 0 ? 1 : 0);
-    if (need > allocator_->num_free() - p.num_evictable - config_.watermark_blocks) {
+    if (need > allocator_->num_free() - p.num_evictable - watermark()) {
       return false;
     }
     const auto m = match_prefix(id, e);
@@ -422,7 +439,7 @@ private:
     const std::int32_t n = tokens_for(e, budget);
     const std::int32_t bs = table_->block_size();
     const std::int32_t need = blocks_for_tokens(e.computed + n, bs) + 1;
-    if (n == 0 || need > allocator_->num_free() - config_.watermark_blocks) {
+    if (n == 0 || need > allocator_->num_free() - watermark()) {
       return false;
     }
     const auto m = match_prefix(id, e);
@@ -501,6 +518,7 @@ private:
   std::int64_t step_epoch_ = 0;  // counts step() calls
   std::int64_t epoch_ = 0;       // counts complete_step() calls
   std::size_t num_sampling_ = 0; // sequences of the current plan that sample
+  bool in_flight_ = false;       // between step() and its complete_step()
   std::vector<block_id> host_release_;
   std::vector<block_id> match_;
   step_plan plan_;
