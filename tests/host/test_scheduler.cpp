@@ -215,6 +215,30 @@ TEST_CASE("speculative lookahead reserves slots and rolls back the rejected ones
   CHECK(next.batch[0].first_position == 8);
 }
 
+TEST_CASE("a request admitted with only its last token to compute decodes it without lookahead",
+          "[scheduler]") {
+  // Request 1's 9-token prompt is cached once it has run; request 2 with the same prompt then
+  // has only its last token to compute in the step that admits it: a decode of 1 token, no draft
+  // slots (admission takes no lookahead); its next decodes take them.
+  rig r(64, {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
+  REQUIRE(r.sched.add_request({1, prompt_of(9), 1, 0}).ok());
+  REQUIRE(r.run().contains(1));
+  REQUIRE(r.sched.add_request({2, prompt_of(9), 3, 0}).ok());
+  const auto& plan = r.sched.step();
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].decode);
+  CHECK(plan.batch[0].first_position == 8);
+  CHECK(plan.batch[0].num_tokens == 1);
+  CHECK(plan.batch[0].samples);
+  const std::vector<token_id> one{7};
+  const kvkit::sample_result s{2, one, false};
+  REQUIRE(r.sched.complete_step(std::span(&s, 1)).ok());
+  const auto& next = r.sched.step();
+  REQUIRE(next.batch.size() == 1);
+  CHECK(next.batch[0].decode);
+  CHECK(next.batch[0].num_tokens == 4);
+}
+
 TEST_CASE("bad requests and results are rejected while the others go on", "[scheduler]") {
   rig r(8, {.max_running = 4, .max_batched_tokens = 16, .prefill_chunk = 16});
   CHECK(r.sched.add_request({1, {}, 4, 0}).error() == errc::bad_argument);

@@ -65,9 +65,12 @@ struct request {
 struct scheduled_sequence {
   seq_id id = 0;
   std::int32_t first_position = 0; //!< position of its first token computed this step
-  std::int32_t num_tokens = 0;     //!< tokens computed: a prefill chunk, or 1 + lookahead
-  bool decode = false;             //!< a decode step (its last token, plus lookahead slots)
-  bool samples = false;            //!< the engine samples a token for it this step
+  //! Tokens computed: a prefill chunk, or for a decode 1 + lookahead; but 1 (no lookahead slots)
+  //! where the step that admits a request has only its last known token left to compute (a
+  //! one-token prompt, or tokens all cached but the last, as a prompt seen before may be).
+  std::int32_t num_tokens = 0;
+  bool decode = false;  //!< its last known token is computed (then the lookahead slots, if any)
+  bool samples = false; //!< the engine samples a token for it this step
 };
 
 //! What the engine does this step, in this order: swap_out, swap_in, copies, then the forward
