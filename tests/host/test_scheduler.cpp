@@ -18,6 +18,28 @@ namespace {
 using table_t = kvkit::block_table<kvkit::block_pool>;
 using cache_t = kvkit::prefix_cache<>;
 
+// A result of one token, token_of(sequence), for every sequence of `plan` that samples; the
+// results point into `storage`.
+template <class F>
+std::vector<kvkit::sample_result>
+sample_all(const kvkit::step_plan& plan, std::vector<std::vector<token_id>>& storage, F token_of) {
+  std::vector<kvkit::sample_result> samples;
+  storage.clear();
+  storage.reserve(plan.batch.size());
+  for (const auto& s : plan.batch) {
+    if (s.samples) {
+      storage.push_back({token_of(s)});
+      samples.push_back({s.id, storage.back(), false});
+    }
+  }
+  return samples;
+}
+
+// Token 9 for every sequence.
+token_id nine(const kvkit::scheduled_sequence& /*unused*/) {
+  return 9;
+}
+
 template <class Policy = kvkit::fcfs>
 struct rig {
   explicit rig(std::int32_t blocks, kvkit::scheduler_config cfg = {}, std::int32_t block_size = 4)
@@ -32,16 +54,10 @@ struct rig {
   std::map<seq_id, std::vector<token_id>> run(std::int32_t max_steps = 10000) {
     std::map<seq_id, std::vector<token_id>> out;
     for (std::int32_t step = 0; sched.has_work() && step < max_steps; ++step) {
-      const auto& plan = sched.step();
       std::vector<std::vector<token_id>> storage;
-      std::vector<kvkit::sample_result> samples;
-      storage.reserve(plan.batch.size());
-      for (const auto& s : plan.batch) {
-        if (s.samples) {
-          storage.push_back({static_cast<token_id>(100 + s.first_position + s.num_tokens)});
-          samples.push_back({s.id, storage.back(), false});
-        }
-      }
+      const auto samples = sample_all(sched.step(), storage, [](const auto& s) {
+        return static_cast<token_id>(100 + s.first_position + s.num_tokens);
+      });
       const auto done = sched.complete_step(samples);
       REQUIRE(done.ok());
       for (const auto& f : *done) {
@@ -168,15 +184,7 @@ TEST_CASE("preemption by swap moves blocks to a bounded host tier and back", "[s
     swapped_in += plan.swap_in.size();
     max_host = std::max(max_host, r.sched.host_blocks_used());
     std::vector<std::vector<token_id>> storage;
-    std::vector<kvkit::sample_result> samples;
-    storage.reserve(plan.batch.size());
-    for (const auto& s : plan.batch) {
-      if (s.samples) {
-        storage.push_back({9});
-        samples.push_back({s.id, storage.back(), false});
-      }
-    }
-    REQUIRE(r.sched.complete_step(samples).ok());
+    REQUIRE(r.sched.complete_step(sample_all(plan, storage, nine)).ok());
   }
   CHECK_FALSE(r.sched.has_work());
   CHECK(swapped_out > 0);
@@ -352,15 +360,7 @@ std::size_t run_step(rig<>& r) {
   const auto& plan = r.sched.step();
   const std::size_t swapped = plan.swap_out.size();
   std::vector<std::vector<token_id>> storage;
-  std::vector<kvkit::sample_result> samples;
-  storage.reserve(plan.batch.size());
-  for (const auto& s : plan.batch) {
-    if (s.samples) {
-      storage.push_back({9});
-      samples.push_back({s.id, storage.back(), false});
-    }
-  }
-  REQUIRE(r.sched.complete_step(samples).ok());
+  REQUIRE(r.sched.complete_step(sample_all(plan, storage, nine)).ok());
   return swapped;
 }
 
@@ -393,14 +393,7 @@ TEST_CASE("abort gives back a swapped-out request's host blocks", "[scheduler]")
       for (int step = 0; !aborted && step < 50; ++step) {
         const auto& plan = r.sched.step();
         std::vector<std::vector<token_id>> storage;
-        std::vector<kvkit::sample_result> samples;
-        storage.reserve(plan.batch.size());
-        for (const auto& s : plan.batch) {
-          if (s.samples) {
-            storage.push_back({9});
-            samples.push_back({s.id, storage.back(), false});
-          }
-        }
+        const auto samples = sample_all(plan, storage, nine);
         if (!plan.swap_out.empty()) {
           REQUIRE(r.sched.abort(2).ok());
           CHECK(r.sched.host_blocks_used() == 8);
