@@ -403,9 +403,9 @@ private:
     insert_sorted(waiting_, id);
   }
 
-  // Free blocks that admission and swap-in leave for the running sequences: the watermark, or none
-  // while none runs (a request that fits the allocator alone must get in once the others are
-  // done, or it would hold every request behind it back for good).
+  // The free blocks admission and swap-in leave (scheduler_config::watermark_blocks): none while
+  // no sequence runs, or a request that fits the allocator alone but not beside the watermark
+  // would hold every request behind it back for good.
   [[nodiscard]] std::int32_t watermark() const noexcept {
     return running_.empty() ? 0 : config_.watermark_blocks;
   }
