@@ -122,19 +122,13 @@ TEST_CASE("budgets hold and prefills mix with decodes", "[scheduler]") {
     CHECK(plan.batch.size() <= 3);
     bool prefill = false;
     bool decode = false;
-    std::vector<std::vector<token_id>> storage;
-    std::vector<kvkit::sample_result> samples;
-    storage.reserve(plan.batch.size());
     for (const auto& s : plan.batch) {
       prefill |= !s.decode;
       decode |= s.decode;
-      if (s.samples) {
-        storage.push_back({7});
-        samples.push_back({s.id, storage.back(), false});
-      }
     }
     mixed |= prefill && decode;
-    REQUIRE(r.sched.complete_step(samples).ok());
+    std::vector<std::vector<token_id>> storage;
+    REQUIRE(r.sched.complete_step(sample_all(plan, storage, nine)).ok());
   }
   CHECK(mixed);
   CHECK_FALSE(r.sched.has_work());
