@@ -345,7 +345,9 @@ __global__ void __maxnreg__(row_kernel_registers)
   const auto cpr = static_cast<std::uint32_t>(l.head_dim() / 8);
   const auto chunks = static_cast<std::uint32_t>(l.num_kv_heads()) * cpr;
   const std::int32_t row_elems = l.num_kv_heads() * l.head_dim();
-  const std::int32_t code_step = static_cast<std::int32_t>(l.token_stride()) * C::bits / 8; // bytes
+  // Bytes from one token's codes to the next; the product in 64 bits (at page size 1 a token's
+  // stride is the whole region, whose 2^31 bits fit no int32).
+  const auto code_step = static_cast<std::int32_t>(l.token_stride() * C::bits / 8);
   const std::int32_t param_step =
       static_cast<std::int32_t>(l.template param_token_stride<C>()) * C::param_bytes;
   T* rows = dst + (static_cast<std::int64_t>(page_index) * l.page_size() + token0) * row_elems;
