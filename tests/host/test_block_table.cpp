@@ -102,6 +102,21 @@ TEST_CASE("append errors change nothing", "[block_table]") {
   CHECK(pool.check_consistency());
 }
 
+TEST_CASE("an append of more blocks than the pool has fails before the block list grows",
+          "[block_table]") {
+  // Blocks of one token: the largest append in range asks for 2^31 - 2 blocks, whose list alone
+  // would take 8 GiB. It must fail as any short pool does, at once and with nothing allocated.
+  block_pool pool(4);
+  table_t table(pool, 1);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 1, {}).ok());
+  CHECK(table.append_tokens(1, std::numeric_limits<std::int32_t>::max() - 1, {}).error() ==
+        errc::out_of_blocks);
+  CHECK(blocks_of(table, 1).size() == 1);
+  CHECK(*table.num_tokens(1) == 1);
+  CHECK(pool.num_free() == 3);
+}
+
 TEST_CASE("sequence ids must be unique and known", "[block_table]") {
   block_pool pool(4);
   table_t table(pool, 4);

@@ -155,6 +155,9 @@ public:
     const plan g = growth(*q, n);
     append_info info;
     info.num_new_blocks = g.total();
+    if (g.total() > allocator_->num_free()) {
+      return errc::out_of_blocks; // before the block list grows for blocks that cannot come
+    }
     if (g.total() > 0) {
       const std::size_t old_size = q->blocks.size();
       q->blocks.resize(old_size + static_cast<std::size_t>(g.total()));
