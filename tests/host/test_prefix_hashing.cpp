@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -222,11 +223,27 @@ void check_against_std_map(std::uint64_t seed, Make make) {
 } // namespace
 
 TEST_CASE("child_map agrees with std::map and keeps each payload", "[prefix_cache][key_map]") {
-  // Keys differ in the tag, the content or both; a content under every tag has the same slot.
+  // Keys differ in the tag, the content or both; the contents are made so that a content under
+  // every tag has the same slot.
   check_against_std_map<kvkit::detail::child_map>(kvkit_test::test_seed(98), [](std::uint64_t r) {
     const std::uint64_t tag = (r % 7) * 0x100;
-    return kvkit::detail::child_key{tag, (r / 7) * 0x9E37U ^ tag};
+    return kvkit::detail::child_key{tag, (r / 7) * 0x9E37U ^
+                                             kvkit::detail::slot_hash(kvkit::detail::tag_key{tag})};
   });
+}
+
+TEST_CASE("child_map places one block's tokens under many parents in many slots",
+          "[prefix_cache][key_map]") {
+  // The same content hash under 1000 parent blocks of generation 0 (one prompt under as many
+  // adapters): their home slots among 2048 are about as many as random places give (about 790),
+  // not one, which would make each lookup probe past the others.
+  std::set<std::uint64_t> homes;
+  for (std::uint64_t id = 0; id < 1000; ++id) {
+    const std::uint64_t tag = (std::uint64_t{1} << 63) | (id << 32);
+    homes.insert(kvkit::detail::slot_hash(kvkit::detail::child_key{tag, 0x1234'5678'9ABC'DEF0U}) &
+                 2047U);
+  }
+  CHECK(homes.size() > 700);
 }
 
 TEST_CASE("tag_map agrees with std::map on block-like tags", "[prefix_cache][key_map]") {

@@ -28,12 +28,15 @@ struct tag_key {
   friend constexpr bool operator==(const tag_key&, const tag_key&) = default;
 };
 
-[[nodiscard]] constexpr std::uint64_t slot_hash(const child_key& k) noexcept {
-  return k.tag ^ k.content; // the content hash is uniform
-}
 [[nodiscard]] constexpr std::uint64_t slot_hash(const tag_key& k) noexcept {
   // A block's tag is (id << 32 | generation): the product's high half mixes both.
   return (k.tag * 0x9E3779B97F4A7C15ULL) >> 32;
+}
+[[nodiscard]] constexpr std::uint64_t slot_hash(const child_key& k) noexcept {
+  // The content hash is uniform, but the same tokens under many parents (one prompt under many
+  // adapters or salts) share it: the parent's mixed tag sends each to a slot of its own. The
+  // tag alone would not: its low bits, all a slot index keeps, are the parent's generation.
+  return k.content ^ slot_hash(tag_key{k.tag});
 }
 
 struct no_payload {};
