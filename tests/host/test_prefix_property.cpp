@@ -48,8 +48,11 @@ public:
         table_(pool_, cfg.block_size),
         cache_(pool_, cfg.block_size, {.share_partial_blocks = cfg.share_partial}, {}, policy),
         memory_(static_cast<std::size_t>(cfg.capacity * cfg.block_size), -1) {
-    // Three system prompts whose lengths are not multiples of the block size.
-    for (const std::int32_t len : {5, 8, 11}) {
+    // Three system prompts whose lengths are not multiples of the block size: 5, 8 and 11 tokens
+    // for blocks of 3 or 4, about as many blocks for larger ones.
+    const std::int32_t scale = std::max(1, cfg.block_size / 4);
+    for (const std::int32_t blocks_x4 : {5, 8, 11}) {
+      const std::int32_t len = blocks_x4 * scale + scale - 1;
       std::vector<token_id> p;
       for (std::int32_t i = 0; i < len; ++i) {
         p.push_back(100 + static_cast<token_id>(system_.size()) * 20 + i);
@@ -357,15 +360,20 @@ kvkit::prefix_cache_stats run(const config& cfg, std::uint64_t seed, Policy poli
 TEST_CASE("a million random operations never let prefix caching change what a sequence reads",
           "[property][prefix_cache]") {
   const std::uint64_t seed = kvkit_test::test_seed(20261130);
-  // 1.0 M operations over three setups: full blocks only with LRU; partial sharing with LRU; and
-  // partial sharing with retention priorities on odd-sized blocks.
+  // 1.15 M operations over four setups: full blocks only with LRU; partial sharing with LRU;
+  // partial sharing with retention priorities on odd-sized blocks; and partial sharing on blocks
+  // of 16 tokens, the size whose lookups compare tokens sixteen at a time.
   const auto a = run({40, 4, false, 350'000}, seed, kvkit::lru{});
   const auto b = run({40, 4, true, 350'000}, seed + 1, kvkit::lru{});
   const auto c = run({36, 3, true, 300'000}, seed + 2, kvkit::retention_priority(3));
+  const auto d = run({48, 16, true, 150'000}, seed + 3, kvkit::retention_priority(2));
   // The workload must exercise what it claims to: hits, partial shares and evictions.
   CHECK(a.hit_tokens > 0);
   CHECK(b.partial_hits > 0);
   CHECK(c.partial_hits > 0);
+  CHECK(d.hit_blocks > d.partial_hits); // full blocks matched too
+  CHECK(d.partial_hits > 0);
+  CHECK(d.removed_blocks > 0);
   CHECK(a.removed_blocks > 0);
   CHECK(b.removed_blocks > 0);
   INFO("hit rates " << a.hit_rate() << " " << b.hit_rate() << " " << c.hit_rate());
