@@ -210,6 +210,40 @@ TEST_CASE("retention priority keeps a system prompt while chats are evicted", "[
   CHECK(lru_cache.probe(chat_a).num_tokens == 0);
 }
 
+TEST_CASE("retention reaches the blocks a request matched, and never lowers a level",
+          "[prefix_cache]") {
+  block_pool pool(12, 4);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<kvkit::xxh3_hasher, kvkit::retention_priority> cache(
+      pool, 4, {}, {}, kvkit::retention_priority(4));
+  const auto system = iota_tokens(8, 1000);
+  const auto chat_a = concat(system, iota_tokens(9, 1));
+  const auto chat_b = concat(iota_tokens(8, 5000), iota_tokens(9, 1));
+  // The system prompt is first computed without retention; a later request asking for it
+  // matches every block and computes none.
+  REQUIRE(cache.admit(table, 1, chat_a).ok());
+  const std::vector<block_id> computed_by_1 = blocks_of(table, 1);
+  REQUIRE(cache.finish(1, computed_by_1, chat_a).ok());
+  REQUIRE(table.free(1).ok());
+  CHECK(pool.eviction_level(computed_by_1[0]) == 0);
+  serve_and_finish(cache, table, 3, chat_a, {90, 8});
+  const std::int32_t kept = pool.eviction_level(computed_by_1[0]);
+  CHECK(kept > 0);
+  CHECK(pool.eviction_level(computed_by_1[1]) == kept);
+  CHECK(pool.eviction_level(computed_by_1[2]) == 0); // past the retained 8 tokens
+  // A later request without retention leaves the level as it is.
+  serve_and_finish(cache, table, 4, chat_a);
+  CHECK(pool.eviction_level(computed_by_1[0]) == kept);
+  serve_and_finish(cache, table, 2, chat_b);
+
+  // Under pressure every other block goes before the system prompt's.
+  REQUIRE(table.add_sequence(9).ok());
+  REQUIRE(table.append_tokens(9, 4 * 10, {}).ok());
+  CHECK(cache.probe(chat_a).num_tokens == 8);
+  CHECK(cache.probe(chat_b).num_tokens == 0);
+  REQUIRE(table.free(9).ok());
+}
+
 TEST_CASE("partial blocks are shared through copy-on-write", "[prefix_cache]") {
   block_pool pool(16);
   table_t table(pool, 4);

@@ -280,8 +280,10 @@ public:
     return {};
   }
 
-  //! Publishes the rest of `s` (with share_partial_blocks, its partly filled last block too) and
-  //! stops tracking it. Call before the block table frees it. Errors as for `publish`.
+  //! Publishes the rest of `s` (with share_partial_blocks, its partly filled last block too),
+  //! raises the blocks of its retained tokens to its retention's level where theirs is lower
+  //! (blocks it matched, published at another request's level), and stops tracking it. Call
+  //! before the block table frees it. Errors as for `publish`.
   [[nodiscard]] status finish(seq_id s, std::span<const block_id> blocks,
                               std::span<const token_id> tokens) {
     const auto it = seqs_.find(s);
@@ -294,6 +296,7 @@ public:
     sequence& q = it->second;
     const auto full = static_cast<std::int32_t>(tokens.size()) / block_size_;
     (void)publish_full(q, blocks, tokens);
+    raise_kept_levels(q, blocks);
     const auto tail = static_cast<std::int32_t>(tokens.size()) % block_size_;
     if (options_.share_partial_blocks && tail != 0 && !q.collided &&
         q.chain.size() == static_cast<std::size_t>(full)) {
@@ -350,8 +353,15 @@ public:
     }
   }
 
-  //! Takes the events recorded since the last call (with `record_events` on).
-  [[nodiscard]] std::vector<cache_event> take_events() { return std::exchange(events_, {}); }
+  //! Takes the events recorded since the last call (with `record_events` on). The cache keeps
+  //! room for as many again, so that recording, which evictions do from the pool's callback,
+  //! allocates only when more come between two calls.
+  [[nodiscard]] std::vector<cache_event> take_events() {
+    std::vector<cache_event> taken;
+    taken.reserve(events_.capacity());
+    taken.swap(events_);
+    return taken;
+  }
 
   //! Calls `f(block, tokens, key)` for every entry: the tokens whose K/V the block must hold.
   template <class F>
@@ -442,6 +452,24 @@ private:
     const std::int32_t level =
         policy_.level(eviction_hint{block_index, kept ? q.keep.priority : 0});
     return std::clamp(level, 0, pool_->num_eviction_levels() - 1);
+  }
+
+  // Raises the eviction level of each cached block among `blocks` that holds some of the first
+  // q.keep.num_tokens tokens to the level of q's retention where that is higher: the blocks q
+  // matched (and those another sequence published first) carry the level of the request that
+  // published them, and a system prompt first computed without retention is kept once a request
+  // that asks for it has used it. Blocks are never lowered.
+  void raise_kept_levels(const sequence& q, std::span<const block_id> blocks) {
+    const auto kept = std::min(
+        blocks.size(), static_cast<std::size_t>(blocks_for_tokens(q.keep.num_tokens, block_size_)));
+    for (std::size_t i = 0; i < kept; ++i) {
+      const block_id b = blocks[i];
+      const std::int32_t level = level_of(q, static_cast<std::int32_t>(i));
+      if (pool_->is_cached(b) && level > pool_->eviction_level(b)) {
+        [[maybe_unused]] const status raised = pool_->set_cached(b, true, level);
+        assert(raised.ok()); // in use: the caller's blocks
+      }
+    }
   }
 
   // A reference to published block `b` for a match's caller.
