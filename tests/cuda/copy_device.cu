@@ -1,10 +1,16 @@
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include <cuda_bf16.h>
+
 #include "cuda/copy_device.hpp"
 #include "cuda/validation.hpp"
 #include "kvkit/cuda/copy_blocks.cuh"
+#include "kvkit/cuda/quantize_pages.cuh"
+#include "kvkit/cuda/write_kv.cuh"
+#include "kvkit/layout/page_layout.hpp"
 
 namespace kvkit_test {
 
@@ -18,7 +24,14 @@ namespace {
     }                                                                                              \
   } while (false)
 
+__global__ void no_op() {}
+
 } // namespace
+
+cudaError_t leave_pending_error() {
+  no_op<<<1, 4096>>>();
+  return cudaPeekAtLastError();
+}
 
 cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                             std::int64_t bytes_per_page,
@@ -184,6 +197,103 @@ std::vector<std::string> page_check_dispatch_failures() {
   }
   if (flag != 0) {
     failed.emplace_back("the choice wrote the flag");
+  }
+  return failed;
+}
+
+std::vector<std::string> pending_error_failures() {
+  std::vector<std::string> failed;
+  // Two bf16 pages of 16 tokens, 2 KV heads of 64 channels: page 0 holds 0x11 bytes, page 1 (the
+  // one each launcher writes) 0xA5 until written.
+  using layout_t = kvkit::paged_layout<kvkit::bf16_codec>;
+  const layout_t layout(16, 2, 64);
+  const auto page = static_cast<std::size_t>(layout.bytes_per_page());
+  const std::size_t elems = 16 * 2 * 64;
+  std::byte* cache = nullptr;
+  __nv_bfloat16* kv = nullptr;
+  std::int64_t* slots = nullptr;
+  std::int32_t* ids = nullptr;
+  kvkit::block_copy* pair = nullptr;
+  std::byte** layers = nullptr;
+  const auto setup = [&]() -> cudaError_t {
+    KVKIT_CHECK(cudaMalloc(&cache, 2 * page));
+    KVKIT_CHECK(cudaMalloc(&kv, elems * sizeof(__nv_bfloat16)));
+    KVKIT_CHECK(cudaMemset(kv, 0x3F, elems * sizeof(__nv_bfloat16)));
+    std::vector<std::int64_t> s(16);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      s[i] = 16 + static_cast<std::int64_t>(i); // page 1
+    }
+    KVKIT_CHECK(cudaMalloc(&slots, s.size() * sizeof(std::int64_t)));
+    KVKIT_CHECK(
+        cudaMemcpy(slots, s.data(), s.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice));
+    const std::int32_t one = 1;
+    KVKIT_CHECK(cudaMalloc(&ids, sizeof(std::int32_t)));
+    KVKIT_CHECK(cudaMemcpy(ids, &one, sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    const kvkit::block_copy p{0, 1};
+    KVKIT_CHECK(cudaMalloc(&pair, sizeof(kvkit::block_copy)));
+    KVKIT_CHECK(cudaMemcpy(pair, &p, sizeof(kvkit::block_copy), cudaMemcpyHostToDevice));
+    KVKIT_CHECK(cudaMalloc(&layers, sizeof(std::byte*)));
+    return cudaMemcpy(layers, &cache, sizeof(std::byte*), cudaMemcpyHostToDevice);
+  };
+  // Whether page 1 was written (any byte but 0xA5), after the stream's work.
+  const auto page_written = [&](bool& written) -> cudaError_t {
+    KVKIT_CHECK(cudaDeviceSynchronize());
+    std::vector<std::byte> host(page);
+    KVKIT_CHECK(cudaMemcpy(host.data(), cache + page, page, cudaMemcpyDeviceToHost));
+    written =
+        std::any_of(host.begin(), host.end(), [](std::byte b) { return b != std::byte{0xA5}; });
+    return cudaSuccess;
+  };
+  const auto check = [&](const char* name, auto launch) -> cudaError_t {
+    KVKIT_CHECK(cudaMemset(cache, 0x11, page));
+    KVKIT_CHECK(cudaMemset(cache + page, 0xA5, page));
+    KVKIT_CHECK(cudaDeviceSynchronize());
+    if (leave_pending_error() != cudaErrorInvalidConfiguration) {
+      failed.push_back(std::string(name) + ": no pending error to begin with");
+      (void)cudaGetLastError();
+      return cudaSuccess;
+    }
+    const cudaError_t first = launch();
+    const cudaError_t left = cudaPeekAtLastError();
+    bool written = false;
+    KVKIT_CHECK(page_written(written));
+    if (first != cudaErrorInvalidConfiguration) {
+      failed.push_back(std::string(name) + ": returned " + cudaGetErrorName(first));
+    }
+    if (written) {
+      failed.push_back(std::string(name) + ": wrote the cache");
+    }
+    if (left != cudaSuccess) {
+      failed.push_back(std::string(name) + ": left the error pending");
+      (void)cudaGetLastError();
+    }
+    const cudaError_t again = launch();
+    KVKIT_CHECK(page_written(written));
+    if (again != cudaSuccess || !written) {
+      failed.push_back(std::string(name) + ": did not run when called again");
+    }
+    return cudaSuccess;
+  };
+  const kvkit::cuda::kv_write<layout_t, __nv_bfloat16> w{layout, cache, 2, slots, 16, kv, kv};
+  const kvkit::cuda::page_batch<layout_t, __nv_bfloat16> b{layout, cache, 2, ids, 1, kv, kv};
+  const kvkit::cuda::page_copies c{layers, layers, 1, static_cast<std::int64_t>(page), pair, 1};
+  cudaError_t e = setup();
+  if (e == cudaSuccess) {
+    e = check("write_kv", [&] { return kvkit::cuda::write_kv(w, nullptr); });
+  }
+  if (e == cudaSuccess) {
+    e = check("quantize_pages", [&] { return kvkit::cuda::quantize_pages(b, nullptr); });
+  }
+  if (e == cudaSuccess) {
+    e = check("copy_blocks", [&] { return kvkit::cuda::copy_blocks(c, nullptr); });
+  }
+  if (e != cudaSuccess) {
+    failed.push_back(std::string("CUDA error ") + cudaGetErrorName(e));
+  }
+  for (void* ptr :
+       {static_cast<void*>(cache), static_cast<void*>(kv), static_cast<void*>(slots),
+        static_cast<void*>(ids), static_cast<void*>(pair), static_cast<void*>(layers)}) {
+    (void)cudaFree(ptr);
   }
   return failed;
 }

@@ -39,4 +39,14 @@ std::vector<std::string> copy_validation_failures();
 // no CUDA call.
 std::vector<std::string> page_check_dispatch_failures();
 
+// Leaves an error pending in this thread, as an unchecked failed launch does: launches a kernel
+// with more threads a block than any device allows. Returns the pending error
+// (cudaErrorInvalidConfiguration), which it does not take.
+cudaError_t leave_pending_error();
+
+// Each launcher of the page kernels (write_kv, quantize_pages, copy_blocks) called while an
+// earlier launch's error is pending: the name of every case where it did not return that error,
+// still wrote the cache, left the error pending, or did not write the cache when called again.
+std::vector<std::string> pending_error_failures();
+
 } // namespace kvkit_test

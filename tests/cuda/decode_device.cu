@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/copy_device.hpp"
 #include "cuda/cuda_try.hpp"
 #include "cuda/decode_device.hpp"
 #include "cuda/validation.hpp"
@@ -302,7 +303,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   KVKIT_TRY(mem.alloc(d_last_ids, max_batch));
   KVKIT_TRY(mem.alloc(d_check, 1));
   KVKIT_TRY(mem.alloc(d_q, elems));
-  KVKIT_TRY(mem.alloc(d_q_staged, elems));
+  KVKIT_TRY(mem.alloc(d_q_staged, 2 * elems)); // and after it, the queries after a decode
   KVKIT_TRY(mem.alloc(d_out, elems));
   KVKIT_TRY(mem.alloc(d_lse, rows));
   KVKIT_TRY(mem.alloc(d_scales, static_scales.size()));
@@ -326,8 +327,9 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
     // Without a graph each step is planned for its own batch (shape.batch_size is the largest).
     kvkit::decode_shape step_shape = shape;
     step_shape.batch_size = static_cast<std::int32_t>(s.last_page_len.size());
-    auto plan = mode.graph ? kvkit::plan_decode_graph_safe(shape, mode.max_seq_len, mode.sm_count)
-                           : kvkit::plan_decode(step_shape, lengths(s), mode.sm_count);
+    auto plan = mode.graph || mode.graph_safe_plan
+                    ? kvkit::plan_decode_graph_safe(shape, mode.max_seq_len, mode.sm_count)
+                    : kvkit::plan_decode(step_shape, lengths(s), mode.sm_count);
     if (!plan.ok()) {
       out.error = cudaErrorInvalidValue;
       return out;
@@ -433,8 +435,29 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
               d_last_ids, static_cast<std::int32_t>(last_ids.size()), page_bytes / 16);
           KVKIT_TRY(cudaGetLastError());
         }
+        if (mode.pending_error_first && i == 0 && r == 0) {
+          (void)leave_pending_error();
+          out.pending_error_returned =
+              kd::decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin);
+          out.pending_error_taken = cudaPeekAtLastError() == cudaSuccess;
+          (void)cudaGetLastError();
+          KVKIT_TRY(cudaStreamSynchronize(stream));
+          std::vector<std::uint16_t> o(elems);
+          KVKIT_TRY(cudaMemcpy(o.data(), d_out, o.size() * 2, cudaMemcpyDeviceToHost));
+          out.untouched_after_error =
+              std::all_of(o.begin(), o.end(), [](std::uint16_t x) { return x == 0xFFFF; });
+        }
         KVKIT_TRY(kd::decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin));
+        if (mode.late_queries) {
+          KVKIT_TRY(cudaMemcpyAsync(d_q_staged + elems, d_q, s.q.size() * 2,
+                                    cudaMemcpyDeviceToDevice, stream));
+        }
       }
+    }
+    if (mode.late_queries) {
+      out.queries_after.resize(s.q.size());
+      KVKIT_TRY(cudaMemcpy(out.queries_after.data(), d_q_staged + elems, s.q.size() * 2,
+                           cudaMemcpyDeviceToHost));
     }
     KVKIT_TRY(cudaStreamSynchronize(stream));
     std::vector<std::uint16_t> o(batch * static_cast<std::size_t>(shape.num_q_heads) * HeadDim);

@@ -47,6 +47,12 @@ struct decode_mode {
   // device (an A100's 163 KB runs the short-ring build of the 16-bit kernels at head dim 256);
   // negative: this device's.
   std::int32_t smem_optin = -1;
+  // An error left pending (an unchecked failed launch) before the first decode, which must return
+  // it and launch nothing (outputs still poisoned); that step is then launched again.
+  bool pending_error_first = false;
+  // A plan_decode_graph_safe plan (max_seq_len) launched without a graph: the only plan that takes
+  // a batch whose sequences are all empty.
+  bool graph_safe_plan = false;
 };
 
 struct decode_outcome {
@@ -66,6 +72,14 @@ struct decode_outcome {
   // Whether the bytes just past the workspace (allocated with it, poisoned) are as they were: no
   // launch wrote beyond the plan's workspace_bytes().
   bool past_workspace_intact = false;
+  // With pending_error_first: what the first decode returned, whether it took the error (none
+  // pending after it) and whether the outputs stayed poisoned.
+  cudaError_t pending_error_returned = cudaSuccess;
+  bool pending_error_taken = false;
+  bool untouched_after_error = false;
+  // With late_queries: the queries as a copy on the stream right after the last decode found
+  // them (the late kernel's copy, if the decode ended after it).
+  std::vector<std::uint16_t> queries_after;
 };
 
 // Runs paged_decode_dim<HeadDim> on each step over one device copy of `cache` (capacity pages),

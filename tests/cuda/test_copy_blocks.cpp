@@ -125,6 +125,12 @@ TEST_CASE("copy_blocks leaves pairs outside the caches alone in its debug mode, 
   CHECK(got == want);
 }
 
+TEST_CASE("write_kv, quantize_pages and copy_blocks return an error left pending before them, "
+          "having launched nothing",
+          "[cuda][copy]") {
+  kvkit_test::check_no_failures(kvkit_test::pending_error_failures(), "");
+}
+
 TEST_CASE("page movement validates its arguments", "[cuda][copy][host]") {
   kvkit_test::check_no_failures(kvkit_test::copy_validation_failures(),
                                 "decided otherwise than expected: ");

@@ -882,6 +882,55 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
   }
 }
 
+TEST_CASE("paged_decode: a batch of empty sequences alone ends after the kernel before it",
+          "[cuda][decode]") {
+  // Padding only (a graph-safe plan), launched as a programmatic dependent, reading the page table
+  // before or after its wait, right after a kernel that lets its dependents start at once and
+  // writes the queries late: no block has keys to read, yet a copy of the queries made on the
+  // stream after the decode finds them written, and the outputs stay as they were.
+  const std::uint64_t seed = kvkit_test::test_seed(0x9E0);
+  const bf16_nhd layout(16, 2, 128);
+  const std::int32_t q_heads = 8;
+  problem<bf16_nhd> pr(layout, 8, seed);
+  const std::vector<kvkit_test::decode_step> steps{
+      pr.make_step<__nv_bfloat16>({0, 0, 0, 0}, q_heads)};
+  for (const bool ready : {false, true}) {
+    kvkit_test::decode_mode mode;
+    mode.graph_safe_plan = true;
+    mode.max_seq_len = 4096;
+    mode.late_queries = true;
+    mode.page_table_ready = ready;
+    const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+        layout, pr.cache, pr.capacity, {4, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+    INFO("seed " << seed << " page_table_ready " << ready << " splits " << got.max_splits
+                 << " error " << cudaGetErrorString(got.error));
+    REQUIRE(got.error == cudaSuccess);
+    CHECK(got.queries_after == steps[0].q);
+    CHECK(std::all_of(got.out[0].begin(), got.out[0].end(),
+                      [](std::uint16_t x) { return x == 0xFFFF; }));
+  }
+}
+
+TEST_CASE("paged_decode: an error left pending before it is returned, and nothing launched",
+          "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0x9E1);
+  const bf16_nhd layout(16, 2, 128);
+  const std::int32_t q_heads = 8;
+  problem<bf16_nhd> pr(layout, 64, seed);
+  const std::vector<kvkit_test::decode_step> steps{pr.make_step<__nv_bfloat16>({300, 17}, q_heads)};
+  kvkit_test::decode_mode mode;
+  mode.pending_error_first = true;
+  const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+      layout, pr.cache, pr.capacity, {2, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+  INFO("seed " << seed << " error " << cudaGetErrorString(got.error) << " first call "
+               << cudaGetErrorString(got.pending_error_returned));
+  REQUIRE(got.error == cudaSuccess);
+  CHECK(got.pending_error_returned == cudaErrorInvalidConfiguration);
+  CHECK(got.pending_error_taken);
+  CHECK(got.untouched_after_error);
+  check_steps(pr, steps, q_heads, got);
+}
+
 // A quantized cache's one-wave grid of split sequences, launched as a programmatic dependent with
 // the page table and the cache but each sequence's last page read ahead of its wait, while the
 // kernel before it writes the queries and the last pages late; two launches back to back, so

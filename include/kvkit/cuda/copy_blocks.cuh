@@ -95,6 +95,9 @@ inline cudaError_t launch_copies(const page_copies& c, cudaStream_t stream) {
   if (c.num_pairs == 0) {
     return cudaSuccess;
   }
+  if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
+    return e;
+  }
   const dim3 grid(static_cast<unsigned>(c.num_pairs), static_cast<unsigned>(c.num_layers));
   with_page_check(c.page_check, [&](auto checked) {
     copy_pages_kernel<decltype(checked)::value><<<grid, 256, 0, stream>>>(c);

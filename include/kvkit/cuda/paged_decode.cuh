@@ -1088,7 +1088,13 @@ __global__ void __launch_bounds__(
   const std::int32_t npages = last_page - first_page;
   const std::int32_t len = npages <= 0 ? 0 : (npages - 1) * layout.page_size() + last_len;
   if (len <= 0) {
-    return; // not a valid decode input (validate documents it); nothing to attend to
+    // Nothing to attend to (a graph-safe batch's padding). A block that read the page table
+    // before its wait still waits, so that a batch of empty sequences alone, whose blocks all
+    // end here, ends after the kernel before it as any other decode does.
+    if (p.page_table_ready) {
+      wait_for_dependency();
+    }
+    return;
   }
   const std::int32_t lo = p.window > 0 && len > p.window ? len - p.window : 0;
   const std::int32_t n = len - lo;
@@ -2619,6 +2625,11 @@ cudaError_t decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan,
                        std::size_t workspace_bytes, cudaStream_t stream, std::int32_t smem_optin) {
   if (!validate(a, plan, workspace, workspace_bytes).ok() || plan.shape.head_dim != HeadDim) {
     return cudaErrorInvalidValue;
+  }
+  // Taken before the launcher's own queries, whose expected failures it clears.
+  if (const cudaError_t e = a.table.batch_size > 0 ? take_pending_error() : cudaSuccess;
+      e != cudaSuccess) {
+    return e;
   }
   return plan.shape.group_size() > 8
              ? launch_decode<Layout, T, HeadDim, 2>(a, plan, workspace, stream, smem_optin)

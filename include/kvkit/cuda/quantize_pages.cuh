@@ -954,6 +954,9 @@ cudaError_t launch_regions(const page_batch<Layout, T>& b, cudaStream_t stream) 
 template <bool Quantize, class Layout, class T>
 cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
   static_assert(device_layout<Layout>, "the page kernels take the library's codecs only");
+  if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
+    return e;
+  }
   return with_page_check(b.page_check, [&](auto checked) {
     return launch_regions<Quantize, decltype(checked)::value>(b, stream);
   });

@@ -71,6 +71,9 @@ template <class Layout, page_element T>
   if (w.num_tokens == 0) {
     return cudaSuccess;
   }
+  if (const cudaError_t e = detail::take_pending_error(); e != cudaSuccess) {
+    return e;
+  }
   const Layout& l = w.layout;
   const dim3 grid(
       static_cast<unsigned>((w.num_tokens + detail::tokens_per_cta - 1) / detail::tokens_per_cta),

@@ -1,7 +1,9 @@
 #pragma once
 //! Checks shared by the launchers: pointer alignment, which validate() checks on the host before
-//! any kernel makes vector accesses through a pointer, and the debug mode's page id check, which
-//! the page kernels make on the device.
+//! any kernel makes vector accesses through a pointer, an error an earlier call left pending, and
+//! the debug mode's page id check, which the page kernels make on the device.
+
+#include <cuda_runtime.h>
 
 #include <concepts>
 #include <cstddef>
@@ -16,6 +18,15 @@ template <std::size_t Bytes>
 [[nodiscard]] inline bool aligned(const void* p) {
   static_assert(Bytes > 0 && (Bytes & (Bytes - 1)) == 0, "a power of two");
   return reinterpret_cast<std::uintptr_t>(p) % Bytes == 0;
+}
+
+//! The error an earlier CUDA call of this thread left pending (a failed launch its caller did not
+//! check), taken as cudaGetLastError takes it, or cudaSuccess. Each launcher with work to do
+//! returns it, once its arguments are valid, before it queries or launches anything: the error a
+//! launcher returns after its launches is then its own, and one that returns an earlier error has
+//! launched nothing (a retry runs).
+[[nodiscard]] inline cudaError_t take_pending_error() {
+  return cudaGetLastError();
 }
 
 //! The most thread blocks a grid takes along y or z (CUDA's limit): the launchers that put
