@@ -32,11 +32,17 @@ struct tag_key {
   // A block's tag is (id << 32 | generation): the product's high half mixes both.
   return (k.tag * 0x9E3779B97F4A7C15ULL) >> 32;
 }
+// A parent tag with its block id in the low half (where a slot index looks) and its generation in
+// the high half; a root's tag is uniform either way.
+[[nodiscard]] constexpr std::uint64_t parent_bits(std::uint64_t tag) noexcept {
+  return std::rotr(tag, 32);
+}
 [[nodiscard]] constexpr std::uint64_t slot_hash(const child_key& k) noexcept {
   // The content hash is uniform, but the same tokens under many parents (one prompt under many
-  // adapters or salts) share it: the parent's mixed tag sends each to a slot of its own. The
-  // tag alone would not: its low bits, all a slot index keeps, are the parent's generation.
-  return k.content ^ slot_hash(tag_key{k.tag});
+  // adapters or salts) share it: the parent's id sends each to a slot of its own. The tag as it
+  // is would not: its low bits are the parent's generation, 0 for most. A rotation, not the
+  // multiply above: the walk's next lookup waits on it.
+  return k.content ^ parent_bits(k.tag);
 }
 
 struct no_payload {};
