@@ -40,8 +40,8 @@ std::vector<std::string> copy_validation_failures();
 std::vector<std::string> page_check_dispatch_failures();
 
 // Leaves an error pending in this thread, as an unchecked failed launch does: launches a kernel
-// with more threads a block than any device allows. Returns the pending error
-// (cudaErrorInvalidConfiguration), which it does not take.
+// with more threads a block than any device allows. Returns the pending error (which one is the
+// driver's choice: cudaErrorInvalidValue on an H100 with driver 580), which it does not take.
 cudaError_t leave_pending_error();
 
 // Each launcher of the page kernels (write_kv, quantize_pages, copy_blocks) called while an

@@ -436,7 +436,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
           KVKIT_TRY(cudaGetLastError());
         }
         if (mode.pending_error_first && i == 0 && r == 0) {
-          (void)leave_pending_error();
+          out.pending_error_left = leave_pending_error();
           out.pending_error_returned =
               kd::decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin);
           out.pending_error_taken = cudaPeekAtLastError() == cudaSuccess;

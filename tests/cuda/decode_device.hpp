@@ -72,8 +72,9 @@ struct decode_outcome {
   // Whether the bytes just past the workspace (allocated with it, poisoned) are as they were: no
   // launch wrote beyond the plan's workspace_bytes().
   bool past_workspace_intact = false;
-  // With pending_error_first: what the first decode returned, whether it took the error (none
-  // pending after it) and whether the outputs stayed poisoned.
+  // With pending_error_first: the error left pending, what the first decode returned, whether it
+  // took the error (none pending after it) and whether the outputs stayed poisoned.
+  cudaError_t pending_error_left = cudaSuccess;
   cudaError_t pending_error_returned = cudaSuccess;
   bool pending_error_taken = false;
   bool untouched_after_error = false;

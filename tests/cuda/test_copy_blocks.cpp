@@ -127,7 +127,7 @@ TEST_CASE("copy_blocks leaves pairs outside the caches alone in its debug mode, 
 
 TEST_CASE("write_kv, quantize_pages and copy_blocks return an error left pending before them, "
           "having launched nothing",
-          "[cuda][copy]") {
+          "[cuda][copy][pending_error]") {
   kvkit_test::check_no_failures(kvkit_test::pending_error_failures(), "");
 }
 

@@ -109,7 +109,8 @@ inline cudaError_t launch_copies(const page_copies& c, cudaStream_t stream) {
 
 //! Runs a step's copy-on-write list (block_table's `(src, dst)` pairs) for every layer in one
 //! launch, inside the same caches: `c.src_layers` and `c.dst_layers` are the same array.
-//! Asynchronous on `stream`; cudaErrorInvalidValue when `validate` fails.
+//! Asynchronous on `stream`; cudaErrorInvalidValue when `validate` fails, and an error an earlier
+//! call left pending is returned (taken) before anything launches (detail::take_pending_error).
 [[nodiscard]] inline cudaError_t copy_blocks(const page_copies& c, cudaStream_t stream) {
   return detail::launch_copies(c, stream);
 }

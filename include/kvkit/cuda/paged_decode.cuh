@@ -2626,9 +2626,11 @@ cudaError_t decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan,
   if (!validate(a, plan, workspace, workspace_bytes).ok() || plan.shape.head_dim != HeadDim) {
     return cudaErrorInvalidValue;
   }
+  if (a.table.batch_size == 0) {
+    return cudaSuccess;
+  }
   // Taken before the launcher's own queries, whose expected failures it clears.
-  if (const cudaError_t e = a.table.batch_size > 0 ? take_pending_error() : cudaSuccess;
-      e != cudaSuccess) {
+  if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
     return e;
   }
   return plan.shape.group_size() > 8
@@ -2661,7 +2663,8 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! One kernel launch, asynchronous on `stream` (by default a programmatic dependent launch:
 //! decode_args::dependent_launch); no allocation, no host synchronization, so a launch with a
 //! graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when
-//! `validate` fails.
+//! `validate` fails; an error an earlier call left pending is returned (taken) before anything
+//! launches (detail::take_pending_error).
 template <class Layout, query_element T>
 [[nodiscard]] cudaError_t paged_decode(const decode_args<Layout, T>& a, const decode_plan& plan,
                                        void* workspace, std::size_t workspace_bytes,

@@ -966,8 +966,10 @@ cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
 
 //! Quantizes whole pages: `b.k` and `b.v` hold `b.num_pages` pages of K and V, written into
 //! cache pages `b.page_ids`, scales included. Asynchronous on `stream`; returns the validation
-//! error or the launch's error. Page ids must be in 0 .. capacity-1 (a block_table's pages are);
-//! they are checked on the device only in the debug mode (page_batch::page_check).
+//! error, an error an earlier call left pending (taken before anything launches:
+//! detail::take_pending_error) or the launch's error. Page ids must be in 0 .. capacity-1 (a
+//! block_table's pages are); they are checked on the device only in the debug mode
+//! (page_batch::page_check).
 template <class Layout, page_element T>
 [[nodiscard]] cudaError_t quantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
   if (!validate(b).ok()) {

@@ -61,7 +61,8 @@ template <class Layout, page_element T>
 
 //! Writes each new token's K and V into its slot, quantizing on the fly with the layout's codecs
 //! (bit-exact with kvkit::reference::quantize_page of the same tokens), in one launch.
-//! Asynchronous on `stream`; cudaErrorInvalidValue when `validate` fails.
+//! Asynchronous on `stream`; cudaErrorInvalidValue when `validate` fails, and an error an earlier
+//! call left pending is returned (taken) before anything launches (detail::take_pending_error).
 template <class Layout, page_element T>
 [[nodiscard]] cudaError_t write_kv(const kv_write<Layout, T>& w, cudaStream_t stream) {
   static_assert(detail::device_layout<Layout>, "write_kv takes the library's codecs only");
