@@ -242,6 +242,22 @@ TEST_CASE("retention reaches the blocks a request matched, and never lowers a le
   CHECK(cache.probe(chat_a).num_tokens == 8);
   CHECK(cache.probe(chat_b).num_tokens == 0);
   REQUIRE(table.free(9).ok());
+
+  // Two requests compute one new prompt at once; the one asking for retention finishes second,
+  // while the first still holds the blocks it published at those places: those are raised.
+  const auto chat_c = concat(iota_tokens(8, 7000), iota_tokens(5, 1));
+  REQUIRE(cache.admit(table, 10, chat_c).ok());
+  REQUIRE(cache.admit(table, 11, chat_c, {}, {90, 8}).ok());
+  const std::vector<block_id> first = blocks_of(table, 10);
+  REQUIRE(cache.publish(10, first, chat_c).ok());
+  CHECK(pool.eviction_level(first[0]) == 0);
+  REQUIRE(cache.finish(11, blocks_of(table, 11), chat_c).ok());
+  CHECK(pool.eviction_level(first[0]) == kept);
+  CHECK(pool.eviction_level(first[1]) == kept);
+  CHECK(pool.eviction_level(first[2]) == 0);
+  REQUIRE(cache.finish(10, first, chat_c).ok());
+  REQUIRE(table.free(10).ok());
+  REQUIRE(table.free(11).ok());
 }
 
 TEST_CASE("partial blocks are shared through copy-on-write", "[prefix_cache]") {

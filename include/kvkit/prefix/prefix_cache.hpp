@@ -281,8 +281,8 @@ public:
   }
 
   //! Publishes the rest of `s` (with share_partial_blocks, its partly filled last block too),
-  //! raises the blocks of its retained tokens to its retention's level where theirs is lower
-  //! (blocks it matched, published at another request's level), and stops tracking it. Call
+  //! raises the full blocks of its retained tokens to its retention's level where theirs is lower
+  //! (blocks it matched were published at another request's level), and stops tracking it. Call
   //! before the block table frees it. Errors as for `publish`.
   [[nodiscard]] status finish(seq_id s, std::span<const block_id> blocks,
                               std::span<const token_id> tokens) {
@@ -296,7 +296,7 @@ public:
     sequence& q = it->second;
     const auto full = static_cast<std::int32_t>(tokens.size()) / block_size_;
     (void)publish_full(q, blocks, tokens);
-    raise_kept_levels(q, blocks);
+    raise_kept_levels(q);
     const auto tail = static_cast<std::int32_t>(tokens.size()) % block_size_;
     if (options_.share_partial_blocks && tail != 0 && !q.collided &&
         q.chain.size() == static_cast<std::size_t>(full)) {
@@ -353,13 +353,12 @@ public:
     }
   }
 
-  //! Takes the events recorded since the last call (with `record_events` on). The cache keeps
-  //! room for as many again, so that recording, which evictions do from the pool's callback,
-  //! allocates only when more come between two calls.
+  //! Takes the events recorded since the last call (with `record_events` on). The cache keeps its
+  //! buffer, and the room it has grown to, for the next events: recording, which evictions do from
+  //! the pool's callback, allocates only when more events come between two calls than ever before.
   [[nodiscard]] std::vector<cache_event> take_events() {
-    std::vector<cache_event> taken;
-    taken.reserve(events_.capacity());
-    taken.swap(events_);
+    std::vector<cache_event> taken(events_.begin(), events_.end());
+    events_.clear();
     return taken;
   }
 
@@ -454,20 +453,25 @@ private:
     return std::clamp(level, 0, pool_->num_eviction_levels() - 1);
   }
 
-  // Raises the eviction level of each cached block among `blocks` that holds some of the first
-  // q.keep.num_tokens tokens to the level of q's retention where that is higher: the blocks q
-  // matched (and those another sequence published first) carry the level of the request that
-  // published them, and a system prompt first computed without retention is kept once a request
-  // that asks for it has used it. Blocks are never lowered.
-  void raise_kept_levels(const sequence& q, std::span<const block_id> blocks) {
-    const auto kept = std::min(
-        blocks.size(), static_cast<std::size_t>(blocks_for_tokens(q.keep.num_tokens, block_size_)));
+  // Raises the eviction level of the entries that hold q's first q.keep.num_tokens tokens in full
+  // blocks (those it matched, those it published, and those another sequence published first at
+  // its places) to the level of q's retention where that is higher, while some sequence holds
+  // them: q holds those it matched and published until the table frees it; an entry another
+  // sequence published first and has since released keeps its level. Levels are never lowered.
+  void raise_kept_levels(const sequence& q) {
+    const auto kept =
+        std::min(q.chain.size(),
+                 static_cast<std::size_t>(blocks_for_tokens(q.keep.num_tokens, block_size_)));
     for (std::size_t i = 0; i < kept; ++i) {
-      const block_id b = blocks[i];
+      const std::uint64_t tag = q.chain[i].tag;
+      if (tag == 0) {
+        break; // a collided chain: no entry holds these places
+      }
+      const block_id b = tag_block(tag);
       const std::int32_t level = level_of(q, static_cast<std::int32_t>(i));
-      if (pool_->is_cached(b) && level > pool_->eviction_level(b)) {
+      if (tag_of(b) == tag && pool_->ref_count(b) > 0 && level > pool_->eviction_level(b)) {
         [[maybe_unused]] const status raised = pool_->set_cached(b, true, level);
-        assert(raised.ok()); // in use: the caller's blocks
+        assert(raised.ok());
       }
     }
   }
