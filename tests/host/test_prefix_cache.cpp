@@ -177,14 +177,24 @@ TEST_CASE("released cached blocks stay evictable and are reclaimed tail first", 
   CHECK(pool.check_consistency());
 }
 
+namespace {
+
+// 12 blocks of 4 tokens in 4 eviction levels under retention priorities, and two chats of 17
+// tokens: chat_a after an 8-token system prompt, chat_b after other 8 tokens.
+struct retention_setup {
+  block_pool pool{12, 4};
+  table_t table{pool, 4};
+  kvkit::prefix_cache<kvkit::xxh3_hasher, kvkit::retention_priority> cache{
+      pool, 4, {}, {}, kvkit::retention_priority(4)};
+  std::vector<token_id> chat_a = concat(iota_tokens(8, 1000), iota_tokens(9, 1));
+  std::vector<token_id> chat_b = concat(iota_tokens(8, 5000), iota_tokens(9, 1));
+};
+
+} // namespace
+
 TEST_CASE("retention priority keeps a system prompt while chats are evicted", "[prefix_cache]") {
-  block_pool pool(12, 4);
-  table_t table(pool, 4);
-  kvkit::prefix_cache<kvkit::xxh3_hasher, kvkit::retention_priority> cache(
-      pool, 4, {}, {}, kvkit::retention_priority(4));
-  const auto system = iota_tokens(8, 1000);
-  const auto chat_a = concat(system, iota_tokens(9, 1));
-  const auto chat_b = concat(iota_tokens(8, 5000), iota_tokens(9, 1));
+  retention_setup r;
+  auto& [pool, table, cache, chat_a, chat_b] = r;
   // The system prompt's 8 tokens are kept at priority 90; the rest is default.
   serve_and_finish(cache, table, 1, chat_a, {90, 8});
   serve_and_finish(cache, table, 2, chat_b);
@@ -212,13 +222,8 @@ TEST_CASE("retention priority keeps a system prompt while chats are evicted", "[
 
 TEST_CASE("retention reaches the blocks a request matched, and never lowers a level",
           "[prefix_cache]") {
-  block_pool pool(12, 4);
-  table_t table(pool, 4);
-  kvkit::prefix_cache<kvkit::xxh3_hasher, kvkit::retention_priority> cache(
-      pool, 4, {}, {}, kvkit::retention_priority(4));
-  const auto system = iota_tokens(8, 1000);
-  const auto chat_a = concat(system, iota_tokens(9, 1));
-  const auto chat_b = concat(iota_tokens(8, 5000), iota_tokens(9, 1));
+  retention_setup r;
+  auto& [pool, table, cache, chat_a, chat_b] = r;
   // The system prompt is first computed without retention; a later request asking for it
   // matches every block and computes none.
   REQUIRE(cache.admit(table, 1, chat_a).ok());
