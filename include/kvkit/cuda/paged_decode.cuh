@@ -2273,8 +2273,8 @@ std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_pl
 }
 
 // One launch of the kernel taking KT tiles a step with blocks of W warps on `device`, which has
-// `sms` multiprocessors, for a grid of `blocks` (decode_grid_blocks); `smem_optin` as the
-// dispatcher's below.
+// `sms` multiprocessors, for a grid of `blocks` (decode_grid_blocks) over a batch of at least one
+// sequence (decode_dim returns before an empty one); `smem_optin` as the dispatcher's below.
 template <class Layout, class T, int D, int NT, int KT, int W = decode_warps, int Ring = 0>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream, int device, std::int32_t sms, std::int64_t blocks,
@@ -2403,9 +2403,6 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   const dim3 grid(static_cast<unsigned>(plan.max_splits),
                   static_cast<unsigned>(plan.shape.num_kv_heads),
                   static_cast<unsigned>(a.table.batch_size));
-  if (a.table.batch_size == 0) {
-    return cudaSuccess;
-  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(W * 32);
