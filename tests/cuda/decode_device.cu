@@ -242,6 +242,23 @@ struct buffers {
   }
 };
 
+// A stream and the graph executable made on it, destroyed on every way out of run_decode.
+struct stream_and_graph {
+  cudaStream_t stream = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  stream_and_graph() = default;
+  stream_and_graph(const stream_and_graph&) = delete;
+  stream_and_graph& operator=(const stream_and_graph&) = delete;
+  ~stream_and_graph() {
+    if (exec != nullptr) {
+      cudaGraphExecDestroy(exec);
+    }
+    if (stream != nullptr) {
+      cudaStreamDestroy(stream);
+    }
+  }
+};
+
 // Copies n 16-bit values late, and pages [pages[i]] of a cache from a staged copy of it: the
 // kernel signals its programmatic dependents at once, waits about 20 us, then copies with one
 // block.
@@ -379,9 +396,10 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   a.cache_ready_but_last_page = mode.late_last_pages;
   const std::int64_t page_bytes = layout.bytes_per_page();
 
-  cudaStream_t stream = nullptr;
-  KVKIT_TRY(cudaStreamCreate(&stream));
-  cudaGraphExec_t exec = nullptr;
+  stream_and_graph sg;
+  KVKIT_TRY(cudaStreamCreate(&sg.stream));
+  cudaStream_t stream = sg.stream;
+  cudaGraphExec_t& exec = sg.exec;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const decode_step& s = steps[i];
     const std::size_t batch = s.last_page_len.size();
@@ -416,7 +434,11 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
           const cudaError_t launch =
               kd::decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin);
           KVKIT_TRY(cudaStreamEndCapture(stream, &graph));
-          KVKIT_TRY(launch);
+          if (launch != cudaSuccess) {
+            cudaGraphDestroy(graph);
+            out.error = launch;
+            return out;
+          }
           const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
           cudaGraphDestroy(graph);
           KVKIT_TRY(inst);
@@ -468,10 +490,6 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
     out.lse.push_back(std::move(l));
     out.max_splits = plans[i].max_splits;
   }
-  if (exec != nullptr) {
-    cudaGraphExecDestroy(exec);
-  }
-  cudaStreamDestroy(stream);
   KVKIT_TRY(cudaMemcpy(&out.page_check, d_check, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
   std::vector<std::uint8_t> ws(ws_bytes + guard_bytes);
   KVKIT_TRY(cudaMemcpy(ws.data(), d_ws, ws.size(), cudaMemcpyDeviceToHost));
@@ -663,8 +681,15 @@ std::vector<std::string> decode_validation_failures() {
   bad_plan = plan;
   bad_plan.shape.num_q_heads = 2 * 17;
   check("group of 17", good, bad_plan, fake, ws, false);
-  // fp8 without its static scales, and a per-channel codec: the good case's arguments otherwise.
-  const auto rejected = [&](auto layout, const char* name) {
+  // fp8 without its static scales (and with them, accepted), a per-channel codec and a codec of
+  // the caller's own: the good case's arguments otherwise, each under a plan made for its layout,
+  // so that only the check of the codec or of its scales can refuse it.
+  const auto codec_case = [&](auto layout, const float* scales, bool expect_ok, const char* name) {
+    const auto pl = kvkit::plan_decode(kvkit::decode_shape_for(layout, 3, 8), lens, 132);
+    if (!pl.ok()) {
+      failed.push_back(std::string(name) + ": no plan");
+      return;
+    }
     kvkit::cuda::decode_args<decltype(layout), __nv_bfloat16> o;
     o.layout = layout;
     o.cache = fake;
@@ -672,18 +697,24 @@ std::vector<std::string> decode_validation_failures() {
     o.table = good.table;
     o.q = t;
     o.out = t;
-    if (kvkit::cuda::validate(o, plan, fake, ws).ok()) {
+    o.static_scales = scales;
+    if (kvkit::cuda::validate(o, *pl, fake, pl->workspace_bytes()).ok() != expect_ok) {
       failed.emplace_back(name);
     }
   };
-  rejected(kvkit::paged_layout<kvkit::fp8_e4m3_codec>(16, 2, 128), "fp8 without static scales");
-  rejected(kvkit::paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<32>>(16, 2, 128),
-           "per-channel K codec");
-  // A kv_codec of the caller's own (bf16's twin, so the plan's shape fits): the kernels are
-  // written for the library's codecs.
+  const auto* scales = reinterpret_cast<const float*>(fake);
+  using fp8_layout = kvkit::paged_layout<kvkit::fp8_e4m3_codec>;
+  codec_case(fp8_layout(16, 2, 128), nullptr, false, "fp8 without static scales");
+  codec_case(fp8_layout(16, 2, 128), scales, true, "fp8 with static scales");
+  codec_case(
+      kvkit::paged_layout<kvkit::int4_channel_codec, kvkit::int4_group_codec<32>>(16, 2, 128),
+      nullptr, false, "per-channel K codec");
+  // bf16's twin, so that everything but the codec agrees: the kernels are written for the
+  // library's codecs.
   struct own_bf16 : kvkit::bf16_codec {};
   static_assert(kvkit::kv_codec<own_bf16>);
-  rejected(kvkit::paged_layout<own_bf16>(16, 2, 128), "a codec of the caller's own");
+  codec_case(kvkit::paged_layout<own_bf16>(16, 2, 128), nullptr, false,
+             "a codec of the caller's own");
   // Plans: bad shapes and lengths are errors.
   if (kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 0, 2}, 132).ok() ||
       kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 2}, 132).ok() ||

@@ -1,5 +1,6 @@
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -88,13 +89,34 @@ __global__ void conversion_kernel(std::uint64_t seed, std::int64_t n,
   }
 }
 
-// What both round trips put on the device: the cache, filled with 0xA5 bytes, the new K and V rows,
-// the static scales and the debug mode's flag, zeroed.
+// What both round trips put on the device: the cache between its guard pages, all filled with
+// 0xA5 bytes, the new K and V rows, the static scales and the debug mode's flag, zeroed.
 template <class T>
 struct kv_inputs {
-  kv_inputs(std::size_t cache_bytes, std::size_t k_elems, std::size_t v_elems,
+  kv_inputs(std::int64_t page_bytes, std::size_t bytes, std::size_t k_elems, std::size_t v_elems,
             std::size_t num_scales)
-      : cache(cache_bytes), k(k_elems), v(v_elems), scales(num_scales + 1), flag(1) {}
+      : guard_bytes(static_cast<std::size_t>(guard_pages * page_bytes)), cache_bytes(bytes),
+        cache(bytes + 2 * guard_bytes), k(k_elems), v(v_elems), scales(num_scales + 1), flag(1) {}
+  // The cache's first page, after the guard pages.
+  std::byte* cache_start() const { return cache.ptr + guard_bytes; }
+  // The cache into out.cache, and whether the guard pages on either side are still all 0xA5.
+  template <class Out>
+  cudaError_t download(Out& out) const {
+    std::vector<std::byte> all(cache.size);
+    const cudaError_t e = cudaMemcpy(all.data(), cache.ptr, all.size(), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+      return e;
+    }
+    const auto first = all.begin() + static_cast<std::ptrdiff_t>(guard_bytes);
+    const auto last = first + static_cast<std::ptrdiff_t>(cache_bytes);
+    out.cache.assign(first, last);
+    const auto poison = [](std::byte b) {
+      return b == std::byte{0xA5};
+    };
+    out.guards_intact =
+        std::all_of(all.begin(), first, poison) && std::all_of(last, all.end(), poison);
+    return cudaSuccess;
+  }
   // The allocations' first error, else the first of the uploads, which stop there.
   cudaError_t upload(const std::vector<T>& hk, const std::vector<T>& hv,
                      const std::vector<float>& static_scales) {
@@ -116,6 +138,8 @@ struct kv_inputs {
                : cudaMemcpy(scales.ptr, static_scales.data(), static_scales.size() * sizeof(float),
                             cudaMemcpyHostToDevice);
   }
+  std::size_t guard_bytes;
+  std::size_t cache_bytes;
   device_array<std::byte> cache;
   device_array<T> k;
   device_array<T> v;
@@ -132,15 +156,18 @@ device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k
                                    const std::vector<float>& static_scales, bool debug) {
   device_round_trip<T> out;
   const auto cache_bytes = static_cast<std::size_t>(capacity * layout.bytes_per_page());
-  kv_inputs<T> in(cache_bytes, k.size(), v.size(), static_scales.size());
+  kv_inputs<T> in(layout.bytes_per_page(), cache_bytes, k.size(), v.size(), static_scales.size());
   device_array<std::int32_t> ids(page_ids.size());
   KVKIT_TRY(in.upload(k, v, static_scales));
   KVKIT_TRY(ids.err);
   KVKIT_TRY(cudaMemcpy(ids.ptr, page_ids.data(), page_ids.size() * 4, cudaMemcpyHostToDevice));
-  auto& [cache, dk, dv, scales, flag] = in;
+  auto& dk = in.k;
+  auto& dv = in.v;
+  auto& scales = in.scales;
+  auto& flag = in.flag;
   kvkit::cuda::page_batch<Layout, T> b{
-      layout, cache.ptr, capacity,  ids.ptr, static_cast<std::int32_t>(page_ids.size()),
-      dk.ptr, dv.ptr,    scales.ptr};
+      layout, in.cache_start(), capacity,  ids.ptr, static_cast<std::int32_t>(page_ids.size()),
+      dk.ptr, dv.ptr,           scales.ptr};
   b.page_check = debug ? flag.ptr : nullptr;
   KVKIT_TRY(kvkit::cuda::quantize_pages(b, nullptr));
   KVKIT_TRY(cudaDeviceSynchronize());
@@ -149,8 +176,7 @@ device_round_trip<T> run_on_device(const Layout& layout, const std::vector<T>& k
         cudaMemcpy(&out.flag_written, flag.ptr, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
     KVKIT_TRY(cudaMemset(flag.ptr, 0, sizeof(std::int32_t)));
   }
-  out.cache.resize(cache_bytes);
-  KVKIT_TRY(cudaMemcpy(out.cache.data(), cache.ptr, cache_bytes, cudaMemcpyDeviceToHost));
+  KVKIT_TRY(in.download(out));
   KVKIT_TRY(cudaMemset(dk.ptr, 0x5A, k.size() * sizeof(T)));
   KVKIT_TRY(cudaMemset(dv.ptr, 0x5A, v.size() * sizeof(T)));
   KVKIT_TRY(kvkit::cuda::dequantize_pages(b, nullptr));
@@ -172,15 +198,18 @@ device_round_trip<T> run_write_kv(const Layout& layout, const std::vector<T>& k,
                                   bool debug) {
   device_round_trip<T> out;
   const auto cache_bytes = static_cast<std::size_t>(capacity * layout.bytes_per_page());
-  kv_inputs<T> in(cache_bytes, k.size(), v.size(), static_scales.size());
+  kv_inputs<T> in(layout.bytes_per_page(), cache_bytes, k.size(), v.size(), static_scales.size());
   device_array<std::int64_t> ds(slots.size());
   KVKIT_TRY(in.upload(k, v, static_scales));
   KVKIT_TRY(ds.err);
   KVKIT_TRY(cudaMemcpy(ds.ptr, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
-  auto& [cache, dk, dv, scales, flag] = in;
+  auto& dk = in.k;
+  auto& dv = in.v;
+  auto& scales = in.scales;
+  auto& flag = in.flag;
   kvkit::cuda::kv_write<Layout, T> w{
-      layout, cache.ptr, capacity,  ds.ptr, static_cast<std::int32_t>(slots.size()),
-      dk.ptr, dv.ptr,    scales.ptr};
+      layout, in.cache_start(), capacity,  ds.ptr, static_cast<std::int32_t>(slots.size()),
+      dk.ptr, dv.ptr,           scales.ptr};
   w.page_check = debug ? flag.ptr : nullptr;
   KVKIT_TRY(kvkit::cuda::write_kv(w, nullptr));
   KVKIT_TRY(cudaDeviceSynchronize());
@@ -188,8 +217,7 @@ device_round_trip<T> run_write_kv(const Layout& layout, const std::vector<T>& k,
     KVKIT_TRY(
         cudaMemcpy(&out.flag_written, flag.ptr, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
   }
-  out.cache.resize(cache_bytes);
-  KVKIT_TRY(cudaMemcpy(out.cache.data(), cache.ptr, cache_bytes, cudaMemcpyDeviceToHost));
+  KVKIT_TRY(in.download(out));
   return out;
 }
 

@@ -21,7 +21,14 @@ struct device_round_trip {
   // dequantize_pages, each zeroed before its launch; -1 where the mode was off.
   std::int32_t flag_written = -1;
   std::int32_t flag_read = -1;
+  // Whether the guard pages (guard_pages of them before the cache and as many after it, in the
+  // same allocation, poisoned with 0xA5 as the cache is) were left alone: a launch that wrote a
+  // page it flagged as outside the cache would write there.
+  bool guards_intact = false;
 };
+
+// The pages of poison on each side of the cache in run_on_device and run_write_kv.
+inline constexpr std::int32_t guard_pages = 8;
 
 // Quantizes `k`/`v` (num_pages pages) into a cache of `capacity` pages poisoned with 0xA5 at
 // `page_ids`, then dequantizes them into buffers poisoned with 0x5A; `debug`: both in the debug

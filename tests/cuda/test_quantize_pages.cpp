@@ -127,8 +127,8 @@ void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, boo
   ids.resize(static_cast<std::size_t>(num_pages));
   if (debug == debug_ids::bad) {
     REQUIRE(num_pages >= 3);
-    ids[0] = capacity;
-    ids[2] = -1;
+    ids[0] = capacity; // the first guard page after the cache
+    ids[2] = -1;       // the last guard page before it
   }
   const auto outside = [&](std::int32_t id) {
     return id < 0 || id >= capacity;
@@ -182,6 +182,7 @@ void check(const Layout& layout, std::int32_t num_pages, std::uint64_t seed, boo
   INFO("first differing cache byte " << first_diff << " (page " << first_diff / page_bytes
                                      << ", offset " << first_diff % page_bytes << ")");
   CHECK(first_diff == want_cache.size());
+  CHECK(got.guards_intact);
   CHECK(same_bits(got.k, want_k));
   CHECK(same_bits(got.v, want_v));
 }
@@ -385,11 +386,14 @@ void check_write_kv(const Layout& layout, std::uint64_t seed, bool expect_reject
     const std::size_t first_diff = first_difference(result.cache, want);
     INFO("first differing byte " << first_diff);
     CHECK(first_diff == want.size());
+    CHECK(result.guards_intact);
   };
   compare(got, debug ? 0 : -1);
   if (debug) {
     // Two tokens more, whose slots lie past the cache (the first slot after it, and one in a page
-    // further out), among the others: the cache must be what it was without them.
+    // further out), among the others: the cache must be what it was without them, and the guard
+    // pages after it, where the two slots lie, untouched.
+    static_assert(kvkit_test::guard_pages >= 8);
     auto bad_slots = slots;
     auto bad_k = k;
     auto bad_v = v;
