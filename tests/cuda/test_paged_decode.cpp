@@ -880,7 +880,9 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
         REQUIRE(got.max_splits == 27);
       }
       check_steps(pr, steps, q_heads, got);
-      CHECK(got.counters_zero);
+      if (mode.zeroed_counters) {
+        CHECK(got.counters_zero); // the caller's counters, back at zero for the next launch
+      }
     }
   }
 }
