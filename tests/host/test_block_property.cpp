@@ -4,8 +4,10 @@
 // physical slot stores the token last written to it. Appends gather into engine steps, as a
 // serving loop issues them: a step's copy-on-write orders run together first, as the batched copy
 // kernel runs them (every source read before any destination is written), then its new tokens
-// land, then the copy sources are released (now or, sometimes, steps later). Truncate, fork and
-// free happen between steps. After
+// land, then the copy sources are released (now or, sometimes, steps later). Fork happens
+// between steps; truncate and free between steps or, half the time, within one, where the engine
+// then drops the step's writes of the tokens they remove (their blocks may be another sequence's
+// by the time the step runs). After
 // every operation, with the pending step run on a copy of the memory, every sequence must read
 // exactly its own tokens through its block table; every block's reference count must equal the
 // references the sequences and the pending copies hold; no step may copy into a block another of
@@ -77,8 +79,10 @@ public:
       return broken;
     }
     std::vector<std::int32_t> expected_refs(static_cast<std::size_t>(cfg_.capacity), 0);
-    for (const block_id b : table_.pending_copy_sources()) {
-      ++expected_refs[static_cast<std::size_t>(b)];
+    for (const auto pending : {table_.pending_copy_sources(), table_.pending_copy_destinations()}) {
+      for (const block_id b : pending) {
+        ++expected_refs[static_cast<std::size_t>(b)];
+      }
     }
     for (const auto& [s, tokens] : model_) {
       const auto len = table_.num_tokens(s);
@@ -244,7 +248,7 @@ private:
     }
     for (const token_slot& slot : slots_) {
       const std::uint32_t token = next_token_++;
-      writes_.push_back({slot.flat(cfg_.block_size), token});
+      writes_.push_back({slot.flat(cfg_.block_size), token, s, tokens.size()});
       tokens.push_back(token);
     }
     if (pick(0, 2) == 0) {
@@ -272,9 +276,9 @@ private:
                   memory.begin() + static_cast<std::ptrdiff_t>(copies_[i].dst * bs));
     }
     std::vector<std::int64_t> slots;
-    for (const auto& [slot, token] : writes_) {
-      slots.push_back(slot);
-      memory[static_cast<std::size_t>(slot)] = token;
+    for (const pending_write& w : writes_) {
+      slots.push_back(w.slot);
+      memory[static_cast<std::size_t>(w.slot)] = w.token;
     }
     std::sort(slots.begin(), slots.end());
     if (std::adjacent_find(slots.begin(), slots.end()) != slots.end()) {
@@ -296,9 +300,9 @@ private:
   }
 
   std::string truncate(seq_id s) {
-    end_step(); // between steps
     auto& tokens = model_[s];
     const auto new_len = pick(0, static_cast<std::int32_t>(tokens.size()));
+    between_steps_or_drop(s, static_cast<std::size_t>(new_len));
     if (!table_.truncate(s, new_len).ok()) {
       return "truncate failed";
     }
@@ -317,12 +321,22 @@ private:
   }
 
   std::string free(seq_id s) {
-    end_step(); // between steps
+    between_steps_or_drop(s, 0);
     if (!table_.free(s).ok()) {
       return "free failed";
     }
     model_.erase(s);
     return {};
+  }
+
+  // Before a truncate of `s` to `keep` tokens, or a free (keep 0): ends the step, or, half the
+  // time, stays within it and drops the step's writes of the tokens from `keep` on.
+  void between_steps_or_drop(seq_id s, std::size_t keep) {
+    if (pick(0, 1) == 0) {
+      end_step();
+      return;
+    }
+    std::erase_if(writes_, [&](const pending_write& w) { return w.seq == s && w.index >= keep; });
   }
 
   // Calls that must fail with a precise code and change nothing.
@@ -355,7 +369,13 @@ private:
   std::vector<token_slot> slots_;
   std::int64_t in_place_after_moves_ = 0; // appends that wrote in place into a moved-off block
   std::vector<kvkit::block_copy> copies_; // the pending step's copy-on-write orders
-  std::vector<std::pair<std::int64_t, std::uint32_t>> writes_; // its (flat slot, token) writes
+  struct pending_write {
+    std::int64_t slot;
+    std::uint32_t token;
+    seq_id seq;
+    std::size_t index; // the token's position in its sequence
+  };
+  std::vector<pending_write> writes_; // the pending step's writes
   seq_id next_id_ = 1;
   std::uint32_t next_token_ = 1;
 };

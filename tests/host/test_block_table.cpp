@@ -210,13 +210,19 @@ TEST_CASE("appending into a shared partial block copies it first", "[block_table
   CHECK(slot[0] == token_slot{info->copy.dst, 2}); // writes land after the copied tokens
   CHECK(blocks_of(table, 2) == std::vector<block_id>{shared[0], info->copy.dst});
   CHECK(blocks_of(table, 1) == shared);
-  // The source keeps sequence 2's reference until the engine has run the copy.
+  // The source keeps sequence 2's reference until the engine has run the copy, and the
+  // destination one more than its sequence's.
   CHECK(pool.ref_count(shared[1]) == 2);
+  CHECK(pool.ref_count(info->copy.dst) == 2);
   REQUIRE(table.pending_copy_sources().size() == 1);
   CHECK(table.pending_copy_sources()[0] == shared[1]);
+  REQUIRE(table.pending_copy_destinations().size() == 1);
+  CHECK(table.pending_copy_destinations()[0] == info->copy.dst);
   table.release_copy_sources();
   CHECK(table.pending_copy_sources().empty());
+  CHECK(table.pending_copy_destinations().empty());
   CHECK(pool.ref_count(shared[1]) == 1);
+  CHECK(pool.ref_count(info->copy.dst) == 1);
   CHECK(pool.ref_count(shared[0]) == 2);
 
   // The parent now owns its last block alone: no further copy.
@@ -291,6 +297,39 @@ TEST_CASE("copy sources are not reused until the copies have run", "[block_table
   const auto later = table.append_tokens(2, 1, {});
   REQUIRE(later.ok());
   CHECK(blocks_of(table, 2)[0] == first->copy.src); // reused only now
+}
+
+TEST_CASE("copy destinations are not reused until the copies have run", "[block_table]") {
+  // The hazard: a sequence that moved onto a copy is freed (or truncated) later in the same step;
+  // were its destination released at once, the next copy of the step could take it as its own
+  // destination, and a batched copy kernel would write it twice at the same time.
+  for (const bool truncate : {false, true}) {
+    block_pool pool(8);
+    table_t table(pool, 4);
+    REQUIRE(table.add_sequence(1).ok());
+    REQUIRE(table.append_tokens(1, 2, {}).ok());
+    REQUIRE(table.add_sequence(3).ok());
+    REQUIRE(table.append_tokens(3, 2, {}).ok());
+    REQUIRE(table.fork(1, 2).ok());
+    REQUIRE(table.fork(3, 4).ok());
+    // One step: sequence 2 moves onto a copy, is dropped, then sequence 4 moves onto one.
+    const auto first = table.append_tokens(2, 1, {});
+    REQUIRE(first.ok());
+    REQUIRE(first->copied);
+    REQUIRE((truncate ? table.truncate(2, 0) : table.free(2)).ok());
+    CHECK(pool.ref_count(first->copy.dst) == 1); // only the pending copy's
+    const auto second = table.append_tokens(4, 1, {});
+    REQUIRE(second.ok());
+    REQUIRE(second->copied);
+    INFO("truncate " << truncate);
+    CHECK(second->copy.dst != first->copy.dst);
+    CHECK(second->copy.dst != first->copy.src);
+    CHECK(second->copy.src != first->copy.dst);
+    table.release_copy_sources(); // the step's copies have run
+    CHECK(pool.ref_count(first->copy.dst) == 0);
+    CHECK(pool.ref_count(second->copy.dst) == 1);
+    CHECK(pool.check_consistency());
+  }
 }
 
 TEST_CASE("copy on write is all or nothing when the pool is exhausted", "[block_table]") {

@@ -30,10 +30,13 @@ namespace kvkit {
 //! (when the allocator has `is_cached`, as block_pool does), moves this sequence onto a fresh block
 //! and reports the `(src, dst)` copy the engine runs before the step writes its new K/V
 //! (copy-on-write: the copy moves the whole page, so run after the write it would undo it). The
-//! source keeps a reference until `release_copy_sources()`, so one step's copies never overlap;
-//! that reference is no holder's, so the last sequence left on a block writes into it in place.
-//! Fork between steps: a copy ordered in the step that appended to the parent would move the page
-//! without that append's tokens.
+//! source and the destination each keep a reference until `release_copy_sources()`, so one step's
+//! copies never overlap, even where a sequence is freed or truncated after its append in the same
+//! step; those references are no holder's, so the last sequence left on a block writes into it
+//! in place. Fork between steps: a copy ordered in the step that appended to the parent would move
+//! the page without that append's tokens. A sequence freed or truncated during a step gives back
+//! its blocks at once (all but the pending copies'), so the step's writes of its dropped tokens
+//! must not run: the blocks may be another sequence's by then.
 //!
 //! The allocator must outlive the table; the table's destructor releases every block it holds.
 //! Failed operations return an error code and change nothing. Not thread-safe.
@@ -51,9 +54,11 @@ public:
   block_table(block_table&& other) noexcept
       : allocator_(other.allocator_), block_size_(other.block_size_),
         index_(std::move(other.index_)), seqs_(std::move(other.seqs_)),
-        spare_(std::move(other.spare_)), copy_sources_(std::move(other.copy_sources_)) {
+        spare_(std::move(other.spare_)), copy_sources_(std::move(other.copy_sources_)),
+        copy_destinations_(std::move(other.copy_destinations_)) {
     other.index_.clear();
     other.copy_sources_.clear();
+    other.copy_destinations_.clear();
   }
   block_table& operator=(block_table&&) = delete;
   ~block_table() {
@@ -176,7 +181,12 @@ public:
         info.copy = block_copy{last, dst};
         // The sequence's reference to the source is kept until the copy has run: released now,
         // the source could be handed out as the destination of another copy of the same step.
+        // The destination gets one more for as long, so that freeing or truncating the sequence
+        // later in the step cannot hand it out as the destination of another of its copies.
+        [[maybe_unused]] const status held = allocator_->retain(dst); // a fresh block: 1 -> 2
+        assert(held.ok());
         copy_sources_.push_back(last);
+        copy_destinations_.push_back(dst);
         last = dst;
       }
     }
@@ -254,20 +264,29 @@ public:
     return {};
   }
 
-  //! Releases the sources of the copy-on-write orders returned since the last call. Call it once
-  //! the engine has run those copies, or queued them on the stream where every later write of
-  //! those blocks is queued too (once per step, after the copy kernel); until then each source
-  //! keeps one reference, so no block is both read and written by one step's copies.
+  //! Releases the sources and destinations of the copy-on-write orders returned since the last
+  //! call. Call it once the engine has run those copies, or queued them on the stream where every
+  //! later write of those blocks is queued too (once per step, after the copy kernel); until then
+  //! each source and each destination keeps one reference, so no block is both read and written,
+  //! or written twice, by one step's copies.
   void release_copy_sources() noexcept {
-    for (const block_id b : copy_sources_) {
-      [[maybe_unused]] const status released = allocator_->release(b);
-      assert(released.ok());
+    for (const std::vector<block_id>* pending : {&copy_sources_, &copy_destinations_}) {
+      for (const block_id b : *pending) {
+        [[maybe_unused]] const status released = allocator_->release(b);
+        assert(released.ok());
+      }
     }
     copy_sources_.clear();
+    copy_destinations_.clear();
   }
   //! Copy-on-write sources still waiting for `release_copy_sources`.
   [[nodiscard]] std::span<const block_id> pending_copy_sources() const noexcept {
     return copy_sources_;
+  }
+  //! Copy-on-write destinations still waiting for `release_copy_sources` (in the order of
+  //! pending_copy_sources: the i-th copy moved source i to destination i).
+  [[nodiscard]] std::span<const block_id> pending_copy_destinations() const noexcept {
+    return copy_destinations_;
   }
 
   //! Number of page ids `export_csr` writes for `batch` (the size `indices` needs).
@@ -412,9 +431,10 @@ private:
   }
 
   // A block takes writes in place when the appending sequence is its only holder. The references
-  // this table keeps for the step's pending copies are not holders: their sequences have moved
-  // off the block, and the copies run before the step's writes, so the last sequence left on a
-  // forked block writes into it instead of copying it again.
+  // this table keeps for the step's pending copies are not holders: the sources' sequences have
+  // moved off them, and the copies run before the step's writes, so the last sequence left on a
+  // forked block writes into it instead of copying it again; a destination's extra reference only
+  // keeps it from being handed out again before its copy has run.
   [[nodiscard]] bool writable(block_id b) const noexcept {
     if constexpr (requires(const Allocator& a) {
                     { a.is_cached(b) } -> std::convertible_to<bool>;
@@ -427,7 +447,8 @@ private:
     if (refs == 1) {
       return true;
     }
-    const auto pending = std::count(copy_sources_.begin(), copy_sources_.end(), b);
+    const auto pending = std::count(copy_sources_.begin(), copy_sources_.end(), b) +
+                         std::count(copy_destinations_.begin(), copy_destinations_.end(), b);
     return refs - static_cast<std::int32_t>(pending) == 1;
   }
 
@@ -472,6 +493,7 @@ private:
   std::vector<sequence> seqs_;                    // records, reused through spare_
   std::vector<std::size_t> spare_;                // free records
   std::vector<block_id> copy_sources_;            // copy-on-write sources not yet released
+  std::vector<block_id> copy_destinations_;       // and their destinations, in the same order
 };
 
 static_assert(block_mapping<block_table<block_pool>>);

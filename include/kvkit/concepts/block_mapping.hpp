@@ -38,7 +38,8 @@ struct append_info {
 //!    and reports the `(src, dst)` pair to execute before the step writes its new K/V. All or
 //!    nothing.
 //!  - `m.release_copy_sources()`: the copies reported so far have run (or are queued before any
-//!    later write of their blocks, on one stream); their sources may be reused.
+//!    later write of their blocks, on one stream); their sources and destinations may be handed
+//!    out again (until then neither may be, so that one step's copies never overlap).
 //!  - `m.truncate(s, n)` -> `status`: shortens `s` to `n` tokens, releasing blocks past the end.
 //!  - `m.fork(s, t)` -> `status`: new sequence `t` shares every block of `s` (no data copied).
 //!  - `m.free(s)` -> `status`: releases every block of `s` and forgets it.
