@@ -524,6 +524,38 @@ TEST_CASE("a dropped block's children are not found under the next entry in its 
   CHECK(cache.probe(p).num_tokens == 0);
 }
 
+TEST_CASE("a second cache on a pool that has one stays detached and finds nothing",
+          "[prefix_cache]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> first(pool, 4);
+  const auto prompt = iota_tokens(9);
+  serve_and_finish(first, table, 1, prompt);
+  REQUIRE(first.probe(prompt).num_tokens == 8);
+  {
+    kvkit::prefix_cache<> second(pool, 4);
+    CHECK(first.attached());
+    CHECK_FALSE(second.attached());
+    CHECK(pool.eviction_context() == &first);
+    // The second cache's contents are empty, but were it to find the first cache's blocks it
+    // would never hear of their eviction: it refuses every lookup instead.
+    CHECK(second.probe(prompt).num_tokens == 0);
+    std::vector<block_id> out(static_cast<std::size_t>(second.max_match_blocks(9)));
+    CHECK(second.match(2, prompt, {}, out).error() == errc::bad_argument);
+    CHECK(second.admit(table, 2, prompt).error() == errc::bad_argument);
+    CHECK_FALSE(second.tracks(2));
+    CHECK_FALSE(table.contains(2));
+  }
+  // The detached cache's end leaves the first attached, and its entries served.
+  CHECK(pool.eviction_context() == &first);
+  CHECK(first.probe(prompt).num_tokens == 8);
+  // Pressure reclaims the first cache's blocks, and it hears of it.
+  REQUIRE(table.add_sequence(3).ok());
+  REQUIRE(table.append_tokens(3, 32, {}).ok());
+  CHECK(first.num_entries() == 0);
+  CHECK(first.probe(prompt).num_tokens == 0);
+}
+
 TEST_CASE("caches can follow each other on one pool", "[prefix_cache]") {
   block_pool pool(4);
   table_t table(pool, 4);

@@ -95,7 +95,10 @@ struct admission {
 //!
 //! Sequences are tracked from `match` (or `admit`) to `finish` / `forget`, following the block
 //! table's `fork` and `truncate`. The pool must outlive the cache; the cache installs itself as the
-//! pool's eviction callback and must not move. Not thread-safe. Failures change nothing.
+//! pool's eviction callback and must not move. One cache per pool: a cache made for a pool that
+//! already has one is not attached to it (`attached()` is false) and finds nothing (`match` and
+//! `admit` return bad_argument, `probe` an empty match), so it can never hand out a block whose
+//! eviction it would not hear of. Not thread-safe. Failures change nothing.
 template <block_hasher Hasher = xxh3_hasher, eviction_policy Policy = lru>
 class prefix_cache {
 public:
@@ -110,8 +113,9 @@ public:
         next_(static_cast<std::size_t>(pool.capacity())),
         children_(options.share_partial_blocks ? static_cast<std::size_t>(pool.capacity()) : 0) {
     assert(block_size > 0);
-    assert(pool.eviction_context() == nullptr); // one cache per pool
-    pool_->set_eviction_callback(&prefix_cache::on_evict, this);
+    if (pool.eviction_context() == nullptr) { // one cache per pool: else this one stays detached
+      pool_->set_eviction_callback(&prefix_cache::on_evict, this);
+    }
     if (options_.record_events) {
       events_.reserve(static_cast<std::size_t>(pool.capacity()) * 2);
     }
@@ -125,10 +129,15 @@ public:
   //! Drops every entry (evictable blocks become free) and detaches from the pool.
   ~prefix_cache() {
     clear();
-    if (pool_->eviction_context() == this) { // another cache may have taken the pool over since
+    if (attached()) {
       pool_->set_eviction_callback(nullptr, nullptr);
     }
   }
+
+  //! Whether this cache is its pool's eviction callback (false where the pool had another cache
+  //! when this one was made, or where something else has replaced it since): only then does it
+  //! find and hand out blocks.
+  [[nodiscard]] bool attached() const noexcept { return pool_->eviction_context() == this; }
 
   [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }
   [[nodiscard]] const prefix_cache_options& options() const noexcept { return options_; }
@@ -145,10 +154,11 @@ public:
     return num_tokens <= 1 ? 0 : blocks_for_tokens(num_tokens - 1, block_size_);
   }
 
-  //! What `match` would find for this prompt now, without taking references or counting a query.
+  //! What `match` would find for this prompt now, without taking references or counting a query
+  //! (nothing where the cache is not attached).
   [[nodiscard]] prefix_match probe(std::span<const token_id> tokens,
                                    std::span<const std::byte> extra = {}) const {
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens)) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !attached()) {
       return {};
     }
     return walk<false>(tokens, hasher_(block_key{}, {}, extra), nullptr, nullptr);
@@ -157,12 +167,13 @@ public:
   //! Finds the longest cached prefix of prompt `tokens` (never its last token), writes its blocks
   //! to `out` taking one reference to each for the caller, and starts tracking sequence `s` with
   //! retention `r`. Pass the blocks to the block table's `adopt_sequence`. Errors: bad_argument
-  //! (empty prompt, retention outside 0..100 or negative), duplicate_sequence (s is tracked),
-  //! buffer_too_small (`out` shorter than max_match_blocks).
+  //! (empty prompt, retention outside 0..100 or negative, the cache not attached),
+  //! duplicate_sequence (s is tracked), buffer_too_small (`out` shorter than max_match_blocks).
   [[nodiscard]] result<prefix_match> match(seq_id s, std::span<const token_id> tokens,
                                            std::span<const std::byte> extra,
                                            std::span<block_id> out, const retention& r = {}) {
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !valid(r)) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !valid(r) ||
+        !attached()) {
       return errc::bad_argument;
     }
     if (seqs_.contains(s)) {
@@ -195,7 +206,7 @@ public:
                                         std::span<const std::byte> extra = {},
                                         const retention& r = {}, std::span<token_slot> slots = {}) {
     if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !valid(r) ||
-        table.block_size() != block_size_) {
+        table.block_size() != block_size_ || !attached()) {
       return errc::bad_argument;
     }
     if (seqs_.contains(s) || table.contains(s)) {
