@@ -241,6 +241,17 @@ TEST_CASE("a request admitted with only its last token to compute decodes it wit
   CHECK(next.batch[0].num_tokens == 4);
 }
 
+TEST_CASE("a table and a prefix cache of different block sizes take no request", "[scheduler]") {
+  kvkit::block_pool pool(16);
+  table_t table(pool, 4);
+  cache_t cache(pool, 8);
+  kvkit::scheduler<table_t, cache_t, kvkit::block_pool> sched(table, cache, pool, {});
+  CHECK(sched.add_request({1, prompt_of(12), 4, 0}).error() == errc::bad_argument);
+  CHECK_FALSE(sched.has_work());
+  CHECK(sched.step().batch.empty());
+  CHECK(pool.num_used() == 0);
+}
+
 TEST_CASE("bad requests and results are rejected while the others go on", "[scheduler]") {
   rig r(8, {.max_running = 4, .max_batched_tokens = 16, .prefill_chunk = 16});
   CHECK(r.sched.add_request({1, {}, 4, 0}).error() == errc::bad_argument);

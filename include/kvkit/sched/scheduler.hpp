@@ -128,11 +128,13 @@ public:
   //! Host-tier blocks in use by swapped-out requests.
   [[nodiscard]] std::int32_t host_blocks_used() const noexcept { return host_.num_used(); }
 
-  //! Queues a request. Errors: bad_argument (invalid config, empty prompt, max_new_tokens < 1),
-  //! duplicate_sequence (the id is queued, running or in the block table), out_of_blocks (its
-  //! prompt and all its output could never fit in the allocator, even alone).
+  //! Queues a request. Errors: bad_argument (invalid config, the table's and the prefix index's
+  //! block sizes differ, empty prompt, max_new_tokens < 1), duplicate_sequence (the id is queued,
+  //! running or in the block table), out_of_blocks (its prompt and all its output could never fit
+  //! in the allocator, even alone).
   [[nodiscard]] status add_request(request r) {
-    if (!config_.validate().ok() || r.prompt.empty() || r.max_new_tokens < 1) {
+    if (!config_.validate().ok() || table_->block_size() != cache_->block_size() ||
+        r.prompt.empty() || r.max_new_tokens < 1) {
       return errc::bad_argument;
     }
     if (requests_.contains(r.id) || table_->contains(r.id)) {
