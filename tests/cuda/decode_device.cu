@@ -524,6 +524,131 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
   return out;
 }
 
+namespace {
+
+// `n` lengths from `longest` down, stepping by `step` modulo `spread` (as the decode cases make
+// them).
+std::vector<std::int32_t> lengths_down(std::size_t n, std::int32_t longest, std::size_t step,
+                                       std::size_t spread) {
+  std::vector<std::int32_t> lens(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    lens[i] = longest - static_cast<std::int32_t>(i * step % spread);
+  }
+  return lens;
+}
+
+// What the launcher chooses for `lens` over `layout` with `q_heads` query heads, planned for 132
+// multiprocessors and run on `sms` that opt in to 227 KiB of shared memory a block (the H100's
+// and the H200's); an unset choice (no tiles) where the plan fails.
+template <int D, class Layout>
+kvkit::cuda::detail::decode_build_choice chosen(const Layout& layout, std::int32_t q_heads,
+                                                const std::vector<std::int32_t>& lens,
+                                                std::int32_t sms = 132) {
+  const auto plan = kvkit::plan_decode(
+      kvkit::decode_shape_for(layout, static_cast<std::int32_t>(lens.size()), q_heads), lens, 132);
+  if (!plan.ok()) {
+    return {0, 0, 0, {}, 0};
+  }
+  kvkit::cuda::decode_args<Layout, __nv_bfloat16> a;
+  a.layout = layout;
+  a.table.batch_size = static_cast<std::int32_t>(lens.size());
+  a.table.page_size = layout.page_size();
+  constexpr std::int32_t hopper_optin = 227 * 1024;
+  return kvkit::cuda::detail::decode_build_chosen<D>(a, *plan, sms, hopper_optin);
+}
+
+} // namespace
+
+std::vector<std::string> decode_choice_failures() {
+  using kvkit::kv_order;
+  using kvkit::cuda::detail::decode_long_ring;
+  using kvkit::cuda::detail::decode_warps;
+  using kvkit::cuda::detail::decode_wide_warps;
+  std::vector<std::string> failed;
+  const auto expect = [&](bool ok, const std::string& what,
+                          const kvkit::cuda::detail::decode_build_choice& c) {
+    if (!ok) {
+      failed.push_back(what + ": chose " + std::to_string(c.tiles) + " tiles, " +
+                       std::to_string(c.warps) + " warps, ring " + std::to_string(c.ring) + ", " +
+                       std::to_string(c.plan.max_splits) + " splits of " +
+                       std::to_string(c.plan.chunk_tokens) + " keys");
+    }
+  };
+  // "int4 on a grid of at most one block per SM runs blocks of eight warps".
+  using int4_g128_hnd = kvkit::paged_layout<kvkit::int4_group_codec<128>,
+                                            kvkit::int4_group_codec<128>, kv_order::hnd>;
+  for (const std::int32_t len : {2048, 2047, 1700}) {
+    for (const std::int32_t group : {4, 8}) {
+      const auto c = chosen<128>(int4_g128_hnd(16, 8, 128), 8 * group, {len}, 132);
+      expect(c.tiles == 1 && c.warps == decode_wide_warps,
+             "int4 g128 HND, one sequence of " + std::to_string(len) + ", group " +
+                 std::to_string(group) + ": eight warps",
+             c);
+    }
+    const auto c =
+        chosen<64>(kvkit::paged_layout<kvkit::int4_group_codec<32>>(16, 8, 64), 32, {len}, 132);
+    expect(c.tiles == 1 && c.warps == decode_wide_warps,
+           "int4 g32 head dim 64, one sequence of " + std::to_string(len) + ": eight warps", c);
+  }
+  // "fp8 whole sequences in one wave of two blocks per SM": the two-tile kernel on whole
+  // sequences at 132 SMs, the one-tile kernel at 100 (256 blocks are no wave of two there).
+  using fp8_nhd = kvkit::paged_layout<kvkit::fp8_e4m3_codec>;
+  using fp8_hnd = kvkit::paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
+  std::vector<std::int32_t> whole_fp8(32);
+  for (std::size_t i = 0; i < whole_fp8.size(); ++i) {
+    whole_fp8[i] = 2048 + static_cast<std::int32_t>(i * 37 % 97);
+  }
+  for (const auto& c : {chosen<128>(fp8_nhd(16, 8, 128), 16, whole_fp8, 132),
+                        chosen<128>(fp8_hnd(16, 8, 128), 16, whole_fp8, 132)}) {
+    expect(c.tiles == 2 && c.warps == decode_warps && c.plan.max_splits == 1,
+           "fp8 whole sequences at 132 SMs: two tiles", c);
+  }
+  {
+    const auto c = chosen<128>(fp8_nhd(16, 8, 128), 16, whole_fp8, 66);
+    expect(c.tiles == 1 && c.plan.max_splits == 1, "fp8 whole sequences on 66 SMs: one tile", c);
+  }
+  // "int4 blocks of 2048 keys on the two-tile kernel's shallow build": two tiles, four stages.
+  using int4_g32_hnd =
+      kvkit::paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
+  for (const auto& c : {chosen<128>(int4_g32_hnd(16, 8, 128), 64, lengths_down(32, 2048, 37, 64)),
+                        chosen<128>(kvkit::paged_layout<kvkit::int4_group_codec<32>>(16, 8, 128),
+                                    32, lengths_down(7, 8192, 29, 97))}) {
+    expect(c.tiles == 2 && c.ring == decode_long_ring && c.plan.chunk_tokens == 2048,
+           "int4 blocks of 2048 keys: two tiles, four stages", c);
+  }
+  // "fp8 split plans paired on the two-tile kernel's shallow build": half the splits of twice
+  // the keys on the four-stage two-tile build at 132 SMs; the plan's own splits on the one-tile
+  // kernel on 66 (where its grid is no wave of four blocks an SM).
+  struct paired_case {
+    const char* name;
+    kvkit::cuda::detail::decode_build_choice at_132;
+    kvkit::cuda::detail::decode_build_choice at_66;
+    std::int32_t splits; // the plan's
+    std::int32_t chunk;
+  };
+  const auto eight = lengths_down(8, 32768, 37, 97);
+  const auto many = lengths_down(24, 8192, 37, 97);
+  const auto mid = lengths_down(8, 8192, 37, 300);
+  const paired_case paired[] = {
+      {"fp8 8 x 32768 NHD", chosen<128>(fp8_nhd(16, 8, 128), 16, eight),
+       chosen<128>(fp8_nhd(16, 8, 128), 16, eight, 66), 8, 4096},
+      {"fp8 24 x 8192 HND", chosen<128>(fp8_hnd(16, 8, 128), 16, many),
+       chosen<128>(fp8_hnd(16, 8, 128), 16, many, 66), 2, 4096},
+      {"fp8 8 x 8192 NHD", chosen<128>(fp8_nhd(16, 8, 128), 32, mid),
+       chosen<128>(fp8_nhd(16, 8, 128), 32, mid, 66), 8, 1024},
+  };
+  for (const paired_case& p : paired) {
+    const auto& c = p.at_132;
+    expect(c.tiles == 2 && c.ring == decode_long_ring && c.plan.max_splits == (p.splits + 1) / 2 &&
+               c.plan.chunk_tokens == 2 * p.chunk,
+           std::string(p.name) + " at 132 SMs: paired, two tiles, four stages", c);
+    const auto& d = p.at_66;
+    expect(d.tiles == 1 && d.plan.max_splits == p.splits && d.plan.chunk_tokens == p.chunk,
+           std::string(p.name) + " on 66 SMs: the plan's splits, one tile", d);
+  }
+  return failed;
+}
+
 std::vector<std::string> decode_validation_failures() {
   using layout_t = kvkit::paged_layout<kvkit::bf16_codec>;
   using args_t = kvkit::cuda::decode_args<layout_t, __nv_bfloat16>;

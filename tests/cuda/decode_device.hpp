@@ -98,6 +98,12 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
 // bad_argument / cudaErrorInvalidValue (and of a good case that was). Empty when all is well.
 std::vector<std::string> decode_validation_failures();
 
+// The builds the launcher chooses (kvkit::cuda::detail::decode_build_chosen, on the host) for the
+// shapes of the decode cases named after a build, planned for 132 multiprocessors (the H200's and
+// the H100's) and run there or, where the case says what runs elsewhere, on 66: a line for each
+// choice that is not the one the case is named after. Empty when all is well.
+std::vector<std::string> decode_choice_failures();
+
 // Every decode kernel of the variants above: one line for each that fits fewer blocks per
 // multiprocessor than its grids are cut for, or (blocks of four warps) that the launcher's shared
 // memory does not hold to exactly that many. Empty when all is well.

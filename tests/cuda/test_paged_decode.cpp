@@ -1060,6 +1060,11 @@ TEST_CASE("paged_decode: the debug page check flags bad page ids and reads nothi
   check_page_flags(paged_layout<kvkit::int8_codec>(16, 2, 128), 2100, seed + 3);
 }
 
+TEST_CASE("paged_decode: the launcher chooses the builds the cases above are named after",
+          "[cuda][decode][host]") {
+  kvkit_test::check_no_failures(kvkit_test::decode_choice_failures(), "");
+}
+
 TEST_CASE("paged_decode: validate rejects bad arguments before launch", "[cuda][decode][host]") {
   kvkit_test::check_no_failures(kvkit_test::decode_validation_failures(),
                                 "not rejected (or a good case rejected): ");

@@ -2520,18 +2520,17 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 // device allows less than the short ring takes. `smem_optin`: the shared memory a block may opt in
 // to, the device's where it is negative (the tests pass an A100's and others' to run what those
 // would).
-template <class Layout, class T, int D, int NT>
-cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
-                          cudaStream_t stream, std::int32_t smem_optin) {
-  int device = 0;
-  std::int32_t sms = 0;
-  if (const cudaError_t e = decode_device(device, sms); e != cudaSuccess) {
-    return e;
-  }
-  // Asked only on the paths that depend on it.
-  [[maybe_unused]] const auto optin = [&] {
-    return smem_optin < 0 ? decode_smem_optin(device) : smem_optin;
-  };
+//
+// The choice, for a device of `sms` multiprocessors whose opt-in shared memory `optin()` gives
+// (asked only on the paths that depend on it): calls `run.template operator()<KT, W, Ring>(p, n,
+// o)` for the build chosen, with the plan `p` it runs (the caller's or, paired, half its splits of
+// twice the keys), its grid of `n` blocks and `o`, the opt-in the build's launch is given
+// (`smem_optin` for the builds sized by it, else -1), and returns what that returns. The
+// launcher runs the build; decode_build_chosen reports it.
+template <class Layout, class T, int D, int NT, class Optin, class Run>
+auto dispatch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, std::int32_t sms,
+                     [[maybe_unused]] const Optin& optin, [[maybe_unused]] std::int32_t smem_optin,
+                     Run&& run) {
   const std::int64_t blocks = decode_grid_blocks(a, plan);
   const bool small_grid = blocks <= sms;
   using K = typename Layout::k_codec;
@@ -2545,11 +2544,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
                                std::int32_t long_keys = decode_long_block_keys<K>) {
       if constexpr (long_ring) {
         if (p.chunk_tokens >= long_keys) {
-          return launch_decode<Layout, T, D, NT, 2, decode_warps, decode_long_ring>(
-              a, p, workspace, stream, device, sms, n);
+          return run.template operator()<2, decode_warps, decode_long_ring>(p, n, -1);
         }
       }
-      return launch_decode<Layout, T, D, NT, 2>(a, p, workspace, stream, device, sms, n);
+      return run.template operator()<2, decode_warps, 0>(p, n, -1);
     };
     const bool whole_wave = plan.max_splits == 1 &&
                             plan.chunk_tokens >= decode_plan::two_tiles_min_keys &&
@@ -2595,24 +2593,67 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   if constexpr (decode_wide_fit<K, V, D, NT>()) {
     if (small_grid && plan.chunk_tokens >= 2 * decode_wide_warps * 16 &&
         decode_cluster_smem_bytes<K, V, D, NT, 1, decode_wide_warps>() <= optin()) {
-      return launch_decode<Layout, T, D, NT, 1, decode_wide_warps>(a, plan, workspace, stream,
-                                                                   device, sms, blocks);
+      return run.template operator()<1, decode_wide_warps, 0>(plan, blocks, -1);
     }
   }
   if constexpr (decode_short_ring_fit<K, V, D, NT>()) {
     const decode_build build = decode_build_for<K, V, D, NT>(optin());
     if constexpr (decode_narrow_fit<K, V, D, NT>()) {
       if (build == decode_build::narrow) {
-        return launch_decode<Layout, T, D, NT, 1, decode_narrow_warps>(
-            a, plan, workspace, stream, device, sms, blocks, smem_optin);
+        return run.template operator()<1, decode_narrow_warps, 0>(plan, blocks, smem_optin);
       }
     }
     if (build == decode_build::short_ring) {
-      return launch_decode<Layout, T, D, NT, 1, decode_warps, decode_short_ring>(
-          a, plan, workspace, stream, device, sms, blocks, smem_optin);
+      return run.template operator()<1, decode_warps, decode_short_ring>(plan, blocks, smem_optin);
     }
   }
-  return launch_decode<Layout, T, D, NT, 1>(a, plan, workspace, stream, device, sms, blocks);
+  return run.template operator()<1, decode_warps, 0>(plan, blocks, -1);
+}
+
+template <class Layout, class T, int D, int NT>
+cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
+                          cudaStream_t stream, std::int32_t smem_optin) {
+  int device = 0;
+  std::int32_t sms = 0;
+  if (const cudaError_t e = decode_device(device, sms); e != cudaSuccess) {
+    return e;
+  }
+  const auto optin = [&] {
+    return smem_optin < 0 ? decode_smem_optin(device) : smem_optin;
+  };
+  return dispatch_decode<Layout, T, D, NT>(
+      a, plan, sms, optin, smem_optin,
+      [&]<int KT, int W, int Ring>(const decode_plan& p, std::int64_t n, std::int32_t o) {
+        return launch_decode<Layout, T, D, NT, KT, W, Ring>(a, p, workspace, stream, device, sms, n,
+                                                            o);
+      });
+}
+
+//! The build of the decode kernel a launch of `a` with `plan` runs on a device of `sms`
+//! multiprocessors whose blocks may opt in to `smem_optin` bytes of shared memory, as the launcher
+//! chooses it (host only; for tests): the tiles a step, the warps a block and the ring (0: the
+//! kernel's own, else decode_long_ring or decode_short_ring stages), with the plan and grid it
+//! runs (a paired fp8 plan runs half the splits of twice the keys).
+struct decode_build_choice {
+  int tiles = 1;
+  int warps = decode_warps;
+  int ring = 0;
+  decode_plan plan;
+  std::int64_t blocks = 0;
+};
+template <int HeadDim, class Layout, class T>
+decode_build_choice decode_build_chosen(const decode_args<Layout, T>& a, const decode_plan& plan,
+                                        std::int32_t sms, std::int32_t smem_optin) {
+  const auto optin = [&] {
+    return smem_optin;
+  };
+  const auto chosen = [&]<int KT, int W, int Ring>(const decode_plan& p, std::int64_t n,
+                                                   std::int32_t) {
+    return decode_build_choice{KT, W, Ring, p, n};
+  };
+  return plan.shape.group_size() > 8
+             ? dispatch_decode<Layout, T, HeadDim, 2>(a, plan, sms, optin, smem_optin, chosen)
+             : dispatch_decode<Layout, T, HeadDim, 1>(a, plan, sms, optin, smem_optin, chosen);
 }
 
 // paged_decode_dim, with the shared memory a block may opt in to as the launcher sees it
