@@ -526,17 +526,6 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
 
 namespace {
 
-// `n` lengths from `longest` down, stepping by `step` modulo `spread` (as the decode cases make
-// them).
-std::vector<std::int32_t> lengths_down(std::size_t n, std::int32_t longest, std::size_t step,
-                                       std::size_t spread) {
-  std::vector<std::int32_t> lens(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    lens[i] = longest - static_cast<std::int32_t>(i * step % spread);
-  }
-  return lens;
-}
-
 // What the launcher chooses for `lens` over `layout` with `q_heads` query heads, planned for 132
 // multiprocessors and run on `sms` that opt in to 227 KiB of shared memory a block (the H100's
 // and the H200's); an unset choice (no tiles) where the plan fails.
@@ -610,9 +599,9 @@ std::vector<std::string> decode_choice_failures() {
   // "int4 blocks of 2048 keys on the two-tile kernel's shallow build": two tiles, four stages.
   using int4_g32_hnd =
       kvkit::paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
-  for (const auto& c : {chosen<128>(int4_g32_hnd(16, 8, 128), 64, lengths_down(32, 2048, 37, 64)),
+  for (const auto& c : {chosen<128>(int4_g32_hnd(16, 8, 128), 64, lengths_below(32, 2048, 37, 64)),
                         chosen<128>(kvkit::paged_layout<kvkit::int4_group_codec<32>>(16, 8, 128),
-                                    32, lengths_down(7, 8192, 29, 97))}) {
+                                    32, lengths_below(7, 8192, 29, 97))}) {
     expect(c.tiles == 2 && c.ring == decode_long_ring && c.plan.chunk_tokens == 2048,
            "int4 blocks of 2048 keys: two tiles, four stages", c);
   }
@@ -626,9 +615,9 @@ std::vector<std::string> decode_choice_failures() {
     std::int32_t splits; // the plan's
     std::int32_t chunk;
   };
-  const auto eight = lengths_down(8, 32768, 37, 97);
-  const auto many = lengths_down(24, 8192, 37, 97);
-  const auto mid = lengths_down(8, 8192, 37, 300);
+  const auto eight = lengths_below(8, 32768, 37, 97);
+  const auto many = lengths_below(24, 8192, 37, 97);
+  const auto mid = lengths_below(8, 8192, 37, 300);
   const paired_case paired[] = {
       {"fp8 8 x 32768 NHD", chosen<128>(fp8_nhd(16, 8, 128), 16, eight),
        chosen<128>(fp8_nhd(16, 8, 128), 16, eight, 66), 8, 4096},

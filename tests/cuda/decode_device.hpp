@@ -13,6 +13,17 @@
 
 namespace kvkit_test {
 
+// `n` sequence lengths: `longest`, then each shorter by (i * step) % spread keys, so that last
+// tiles and pages are partial.
+inline std::vector<std::int32_t> lengths_below(std::size_t n, std::int32_t longest,
+                                               std::size_t step, std::size_t spread) {
+  std::vector<std::int32_t> lens(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    lens[i] = longest - static_cast<std::int32_t>(i * step % spread);
+  }
+  return lens;
+}
+
 // One decode step: a page table over the shared cache, and the queries (raw fp16/bf16 bits).
 struct decode_step {
   std::vector<std::int32_t> indptr, indices, last_page_len;

@@ -258,17 +258,6 @@ std::int32_t pages_for(const Layout& layout, const std::vector<std::int32_t>& le
   return pages;
 }
 
-// `n` sequence lengths: `longest`, then each shorter by (i * step) % spread keys, so that last
-// tiles and pages are partial.
-std::vector<std::int32_t> lengths_below(std::size_t n, std::int32_t longest, std::size_t step,
-                                        std::size_t spread) {
-  std::vector<std::int32_t> lens(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    lens[i] = longest - static_cast<std::int32_t>(i * step % spread);
-  }
-  return lens;
-}
-
 // Returns the merge the launch took.
 template <int D, class Layout, class T>
 merged check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
@@ -512,8 +501,8 @@ TEST_CASE("paged_decode: int4 blocks of 2048 keys on the two-tile kernel's shall
   // (56 clusters, which fit at two blocks per SM). Lengths vary, so last tiles and pages are
   // partial. (The fp8 case below merges the same build's splits through the workspace.)
   const std::uint64_t seed = kvkit_test::test_seed(0x10A6);
-  const std::vector<std::int32_t> whole = lengths_below(32, 2048, 37, 64);
-  const std::vector<std::int32_t> split = lengths_below(7, 8192, 29, 97);
+  const std::vector<std::int32_t> whole = kvkit_test::lengths_below(32, 2048, 37, 64);
+  const std::vector<std::int32_t> split = kvkit_test::lengths_below(7, 8192, 29, 97);
   using int4_hnd =
       paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
   using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
@@ -544,9 +533,9 @@ TEST_CASE("paged_decode: fp8 split plans paired on the two-tile kernel's shallow
   // 7933 to 8192 keys in NHD pages (8 splits of 1024, run as 4 of 2048). Lengths vary, so last
   // tiles and pages are partial.
   const std::uint64_t seed = kvkit_test::test_seed(0xF8A4);
-  const std::vector<std::int32_t> eight = lengths_below(8, 32768, 37, 97);
-  const std::vector<std::int32_t> many = lengths_below(24, 8192, 37, 97);
-  const std::vector<std::int32_t> mid = lengths_below(8, 8192, 37, 300);
+  const std::vector<std::int32_t> eight = kvkit_test::lengths_below(8, 32768, 37, 97);
+  const std::vector<std::int32_t> many = kvkit_test::lengths_below(24, 8192, 37, 97);
+  const std::vector<std::int32_t> mid = kvkit_test::lengths_below(8, 8192, 37, 300);
   using fp8_nhd = paged_layout<kvkit::fp8_e4m3_codec>;
   using fp8_hnd = paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
   const fp8_nhd nhd(16, 8, 128);
