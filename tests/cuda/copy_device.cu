@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/copy_device.hpp"
+#include "cuda/device_buffers.hpp"
 #include "cuda/validation.hpp"
 #include "kvkit/cuda/copy_blocks.cuh"
 #include "kvkit/cuda/quantize_pages.cuh"
@@ -37,15 +38,16 @@ cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                             std::int64_t bytes_per_page,
                             const std::vector<kvkit::block_copy>& pairs, std::int32_t* page_check,
                             std::int32_t dst_capacity) {
+  device_buffers mem;
   std::vector<std::byte*> ptrs(layers.size(), nullptr);
   for (std::size_t l = 0; l < layers.size(); ++l) {
-    KVKIT_CHECK(cudaMalloc(&ptrs[l], layers[l].size()));
+    KVKIT_CHECK(mem.alloc(ptrs[l], layers[l].size()));
     KVKIT_CHECK(cudaMemcpy(ptrs[l], layers[l].data(), layers[l].size(), cudaMemcpyHostToDevice));
   }
   std::byte** d_ptrs = nullptr;
   kvkit::block_copy* d_pairs = nullptr;
-  KVKIT_CHECK(cudaMalloc(&d_ptrs, ptrs.size() * sizeof(std::byte*)));
-  KVKIT_CHECK(cudaMalloc(&d_pairs, pairs.size() * sizeof(kvkit::block_copy) + 1));
+  KVKIT_CHECK(mem.alloc(d_ptrs, ptrs.size()));
+  KVKIT_CHECK(mem.alloc(d_pairs, pairs.size()));
   KVKIT_CHECK(
       cudaMemcpy(d_ptrs, ptrs.data(), ptrs.size() * sizeof(std::byte*), cudaMemcpyHostToDevice));
   KVKIT_CHECK(cudaMemcpy(d_pairs, pairs.data(), pairs.size() * sizeof(kvkit::block_copy),
@@ -54,7 +56,7 @@ cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                              bytes_per_page, d_pairs, static_cast<std::int32_t>(pairs.size())};
   std::int32_t* d_flag = nullptr;
   if (page_check != nullptr) {
-    KVKIT_CHECK(cudaMalloc(&d_flag, sizeof(std::int32_t)));
+    KVKIT_CHECK(mem.alloc(d_flag, 1));
     KVKIT_CHECK(cudaMemset(d_flag, 0, sizeof(std::int32_t)));
     c.page_check = d_flag;
     c.src_capacity =
@@ -65,14 +67,10 @@ cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
   KVKIT_CHECK(cudaDeviceSynchronize());
   if (page_check != nullptr) {
     KVKIT_CHECK(cudaMemcpy(page_check, d_flag, sizeof(std::int32_t), cudaMemcpyDeviceToHost));
-    KVKIT_CHECK(cudaFree(d_flag));
   }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     KVKIT_CHECK(cudaMemcpy(layers[l].data(), ptrs[l], layers[l].size(), cudaMemcpyDeviceToHost));
-    KVKIT_CHECK(cudaFree(ptrs[l]));
   }
-  KVKIT_CHECK(cudaFree(d_ptrs));
-  KVKIT_CHECK(cudaFree(d_pairs));
   return cudaSuccess;
 }
 
@@ -81,19 +79,20 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
                       const std::vector<kvkit::block_copy>& out,
                       const std::vector<kvkit::block_copy>& in) {
   const std::size_t layers = device.size();
+  device_buffers mem;
   std::vector<std::byte*> d(layers), h(layers);
   for (std::size_t l = 0; l < layers; ++l) {
-    KVKIT_CHECK(cudaMalloc(&d[l], device[l].size()));
+    KVKIT_CHECK(mem.alloc(d[l], device[l].size()));
     KVKIT_CHECK(cudaMemcpy(d[l], device[l].data(), device[l].size(), cudaMemcpyHostToDevice));
-    KVKIT_CHECK(cudaHostAlloc(&h[l], host[l].size(), cudaHostAllocDefault)); // pinned
+    KVKIT_CHECK(mem.alloc_pinned(h[l], host[l].size()));
     std::memcpy(h[l], host[l].data(), host[l].size());
   }
   std::byte** dd = nullptr;
   std::byte** dh = nullptr;
   kvkit::block_copy* pairs = nullptr;
-  KVKIT_CHECK(cudaMalloc(&dd, layers * sizeof(std::byte*)));
-  KVKIT_CHECK(cudaMalloc(&dh, layers * sizeof(std::byte*)));
-  KVKIT_CHECK(cudaMalloc(&pairs, (out.size() + in.size()) * sizeof(kvkit::block_copy) + 1));
+  KVKIT_CHECK(mem.alloc(dd, layers));
+  KVKIT_CHECK(mem.alloc(dh, layers));
+  KVKIT_CHECK(mem.alloc(pairs, out.size() + in.size()));
   KVKIT_CHECK(cudaMemcpy(dd, d.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice));
   KVKIT_CHECK(cudaMemcpy(dh, h.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice));
   KVKIT_CHECK(cudaMemcpy(pairs, out.data(), out.size() * sizeof(kvkit::block_copy),
@@ -110,12 +109,7 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
   for (std::size_t l = 0; l < layers; ++l) {
     KVKIT_CHECK(cudaMemcpy(device[l].data(), d[l], device[l].size(), cudaMemcpyDeviceToHost));
     std::memcpy(host[l].data(), h[l], host[l].size());
-    KVKIT_CHECK(cudaFree(d[l]));
-    KVKIT_CHECK(cudaFreeHost(h[l]));
   }
-  KVKIT_CHECK(cudaFree(dd));
-  KVKIT_CHECK(cudaFree(dh));
-  KVKIT_CHECK(cudaFree(pairs));
   return cudaSuccess;
 }
 

@@ -9,6 +9,7 @@
 #include "cuda/copy_device.hpp"
 #include "cuda/cuda_try.hpp"
 #include "cuda/decode_device.hpp"
+#include "cuda/device_buffers.hpp"
 #include "cuda/validation.hpp"
 #include "kvkit/cuda/paged_decode.cuh"
 #include "kvkit/layout/page_layout.hpp"
@@ -222,26 +223,6 @@ static_assert(kvkit::detail::two_tiles_cache(
     {1, 8, 1, 128, 0, 4,
      kvkit::decode_kv_scaled_one_width<paged_layout<kvkit::int4_group_codec<32>>>}));
 
-// Device buffers freed on every path out.
-struct buffers {
-  std::vector<void*> ptrs;
-  ~buffers() {
-    for (void* p : ptrs) {
-      cudaFree(p);
-    }
-  }
-  template <class U>
-  cudaError_t alloc(U*& p, std::size_t count) {
-    void* raw = nullptr;
-    const cudaError_t e = cudaMalloc(&raw, std::max<std::size_t>(count, 1) * sizeof(U));
-    if (e == cudaSuccess) {
-      ptrs.push_back(raw);
-      p = static_cast<U*>(raw);
-    }
-    return e;
-  }
-};
-
 // A stream and the graph executable made on it, destroyed on every way out of run_decode.
 struct stream_and_graph {
   cudaStream_t stream = nullptr;
@@ -291,7 +272,7 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
                           const std::vector<float>& static_scales,
                           const kvkit::attention_options& options, const decode_mode& mode) {
   decode_outcome out;
-  buffers mem;
+  device_buffers mem;
   std::byte* d_cache = nullptr;
   KVKIT_TRY(mem.alloc(d_cache, cache.size()));
   KVKIT_TRY(cudaMemcpy(d_cache, cache.data(), cache.size(), cudaMemcpyHostToDevice));
