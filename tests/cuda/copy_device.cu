@@ -206,24 +206,25 @@ std::vector<std::string> pending_error_failures() {
   std::int32_t* ids = nullptr;
   kvkit::block_copy* pair = nullptr;
   std::byte** layers = nullptr;
+  device_buffers mem;
   const auto setup = [&]() -> cudaError_t {
-    KVKIT_CHECK(cudaMalloc(&cache, 2 * page));
-    KVKIT_CHECK(cudaMalloc(&kv, elems * sizeof(__nv_bfloat16)));
+    KVKIT_CHECK(mem.alloc(cache, 2 * page));
+    KVKIT_CHECK(mem.alloc(kv, elems));
     KVKIT_CHECK(cudaMemset(kv, 0x3F, elems * sizeof(__nv_bfloat16)));
     std::vector<std::int64_t> s(16);
     for (std::size_t i = 0; i < s.size(); ++i) {
       s[i] = 16 + static_cast<std::int64_t>(i); // page 1
     }
-    KVKIT_CHECK(cudaMalloc(&slots, s.size() * sizeof(std::int64_t)));
+    KVKIT_CHECK(mem.alloc(slots, s.size()));
     KVKIT_CHECK(
         cudaMemcpy(slots, s.data(), s.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice));
     const std::int32_t one = 1;
-    KVKIT_CHECK(cudaMalloc(&ids, sizeof(std::int32_t)));
+    KVKIT_CHECK(mem.alloc(ids, 1));
     KVKIT_CHECK(cudaMemcpy(ids, &one, sizeof(std::int32_t), cudaMemcpyHostToDevice));
     const kvkit::block_copy p{0, 1};
-    KVKIT_CHECK(cudaMalloc(&pair, sizeof(kvkit::block_copy)));
+    KVKIT_CHECK(mem.alloc(pair, 1));
     KVKIT_CHECK(cudaMemcpy(pair, &p, sizeof(kvkit::block_copy), cudaMemcpyHostToDevice));
-    KVKIT_CHECK(cudaMalloc(&layers, sizeof(std::byte*)));
+    KVKIT_CHECK(mem.alloc(layers, 1));
     return cudaMemcpy(layers, &cache, sizeof(std::byte*), cudaMemcpyHostToDevice);
   };
   // Whether page 1 was written (any byte but 0xA5), after the stream's work.
@@ -288,11 +289,6 @@ std::vector<std::string> pending_error_failures() {
   }
   if (e != cudaSuccess) {
     failed.push_back(std::string("CUDA error ") + cudaGetErrorName(e));
-  }
-  for (void* ptr :
-       {static_cast<void*>(cache), static_cast<void*>(kv), static_cast<void*>(slots),
-        static_cast<void*>(ids), static_cast<void*>(pair), static_cast<void*>(layers)}) {
-    (void)cudaFree(ptr);
   }
   return failed;
 }

@@ -508,12 +508,12 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
 namespace {
 
 // What the launcher chooses for `lens` over `layout` with `q_heads` query heads, planned for 132
-// multiprocessors and run on `sms` that opt in to 227 KiB of shared memory a block (the H100's
-// and the H200's); an unset choice (no tiles) where the plan fails.
+// multiprocessors and run on `sms` that let a block opt in to `optin` bytes of shared memory (by
+// default 227 KiB, the H100's and the H200's); an unset choice (no tiles) where the plan fails.
 template <int D, class Layout>
-kvkit::cuda::detail::decode_build_choice chosen(const Layout& layout, std::int32_t q_heads,
-                                                const std::vector<std::int32_t>& lens,
-                                                std::int32_t sms = 132) {
+kvkit::cuda::detail::decode_build_choice
+chosen(const Layout& layout, std::int32_t q_heads, const std::vector<std::int32_t>& lens,
+       std::int32_t sms = 132, std::int32_t optin = 227 * 1024) {
   const auto plan = kvkit::plan_decode(
       kvkit::decode_shape_for(layout, static_cast<std::int32_t>(lens.size()), q_heads), lens, 132);
   if (!plan.ok()) {
@@ -523,8 +523,7 @@ kvkit::cuda::detail::decode_build_choice chosen(const Layout& layout, std::int32
   a.layout = layout;
   a.table.batch_size = static_cast<std::int32_t>(lens.size());
   a.table.page_size = layout.page_size();
-  constexpr std::int32_t hopper_optin = 227 * 1024;
-  return kvkit::cuda::detail::decode_build_chosen<D>(a, *plan, sms, hopper_optin);
+  return kvkit::cuda::detail::decode_build_chosen<D>(a, *plan, sms, optin);
 }
 
 } // namespace
@@ -537,22 +536,31 @@ std::vector<std::string> decode_choice_failures() {
   std::vector<std::string> failed;
   const auto expect = [&](bool ok, const std::string& what,
                           const kvkit::cuda::detail::decode_build_choice& c) {
-    if (!ok) {
+    // Only the one-tile builds sized by the device's shared memory are given its opt-in.
+    const bool sized = c.tiles == 1 && (c.warps == kvkit::cuda::detail::decode_narrow_warps ||
+                                        c.ring == kvkit::cuda::detail::decode_short_ring);
+    if (!ok || (c.smem_optin != -1) != sized) {
       failed.push_back(what + ": chose " + std::to_string(c.tiles) + " tiles, " +
                        std::to_string(c.warps) + " warps, ring " + std::to_string(c.ring) + ", " +
                        std::to_string(c.plan.max_splits) + " splits of " +
-                       std::to_string(c.plan.chunk_tokens) + " keys");
+                       std::to_string(c.plan.chunk_tokens) + " keys, given an opt-in of " +
+                       std::to_string(c.smem_optin));
     }
   };
   // "int4 on a grid of at most one block per SM runs blocks of eight warps".
   using int4_g128_hnd = kvkit::paged_layout<kvkit::int4_group_codec<128>,
                                             kvkit::int4_group_codec<128>, kv_order::hnd>;
   for (const std::int32_t len : {2048, 2047, 1700}) {
-    for (const std::int32_t group : {4, 8}) {
+    for (const std::int32_t group : {4, 8, 16}) {
+      // Group 16 runs the kernel of two query tiles, whose wide build exists where it fits.
+      const bool wide =
+          group <= 8 ||
+          kvkit::cuda::detail::decode_wide_fit<kvkit::int4_group_codec<128>,
+                                               kvkit::int4_group_codec<128>, 128, 2>();
       const auto c = chosen<128>(int4_g128_hnd(16, 8, 128), 8 * group, {len}, 132);
-      expect(c.tiles == 1 && c.warps == decode_wide_warps,
+      expect(c.tiles == 1 && c.warps == (wide ? decode_wide_warps : decode_warps),
              "int4 g128 HND, one sequence of " + std::to_string(len) + ", group " +
-                 std::to_string(group) + ": eight warps",
+                 std::to_string(group) + (wide ? ": eight warps" : ": four warps"),
              c);
     }
     const auto c =
@@ -615,6 +623,24 @@ std::vector<std::string> decode_choice_failures() {
     const auto& d = p.at_66;
     expect(d.tiles == 1 && d.plan.max_splits == p.splits && d.plan.chunk_tokens == p.chunk,
            std::string(p.name) + " on 66 SMs: the plan's splits, one tile", d);
+  }
+  // bf16 at head dim 256, whose own ring takes more shared memory than an A100 lets a block
+  // opt in to: its own ring at 227 KiB, the short ring at 163 KiB (an A100's), the narrow build
+  // at 99 KiB (compute capability 8.6, 8.9 and 12.x), each sized build given the opt-in.
+  {
+    const kvkit::paged_layout<kvkit::bf16_codec> bf16_256(16, 8, 256);
+    const auto lens = lengths_below(32, 2048, 37, 97);
+    const auto own = chosen<256>(bf16_256, 32, lens);
+    expect(own.tiles == 1 && own.warps == decode_warps && own.ring == 0,
+           "bf16 head dim 256 at 227 KiB: its own ring", own);
+    const auto a100 = chosen<256>(bf16_256, 32, lens, 132, 163 * 1024);
+    expect(a100.tiles == 1 && a100.warps == decode_warps &&
+               a100.ring == kvkit::cuda::detail::decode_short_ring && a100.smem_optin == 163 * 1024,
+           "bf16 head dim 256 at 163 KiB: the short ring", a100);
+    const auto least = chosen<256>(bf16_256, 32, lens, 132, 99 * 1024);
+    expect(least.tiles == 1 && least.warps == kvkit::cuda::detail::decode_narrow_warps &&
+               least.smem_optin == 99 * 1024,
+           "bf16 head dim 256 at 99 KiB: the narrow build", least);
   }
   return failed;
 }

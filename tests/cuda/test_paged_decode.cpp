@@ -869,8 +869,8 @@ TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[c
         REQUIRE(got.max_splits == 27);
       }
       check_steps(pr, steps, q_heads, got);
-      if (mode.zeroed_counters) {
-        CHECK(got.counters_zero); // the caller's counters, back at zero for the next launch
+      if (mode.zeroed_counters && got.max_splits > kvkit::decode_plan::max_cluster_splits) {
+        CHECK(got.counters_zero); // the caller's counters, used and back at zero
       }
     }
   }

@@ -252,6 +252,17 @@ TEST_CASE("a table and a prefix cache of different block sizes take no request",
   CHECK(pool.num_used() == 0);
 }
 
+TEST_CASE("a prefix cache not attached to its pool takes no request", "[scheduler]") {
+  kvkit::block_pool pool(16);
+  table_t table(pool, 4);
+  cache_t first(pool, 4);
+  cache_t second(pool, 4); // the pool has a cache: this one stays detached
+  REQUIRE_FALSE(second.attached());
+  kvkit::scheduler<table_t, cache_t, kvkit::block_pool> sched(table, second, pool, {});
+  CHECK(sched.add_request({1, prompt_of(12), 4, 0}).error() == errc::bad_argument);
+  CHECK_FALSE(sched.has_work());
+}
+
 TEST_CASE("bad requests and results are rejected while the others go on", "[scheduler]") {
   rig r(8, {.max_running = 4, .max_batched_tokens = 16, .prefill_chunk = 16});
   CHECK(r.sched.add_request({1, {}, 4, 0}).error() == errc::bad_argument);

@@ -265,7 +265,8 @@ public:
   }
 
   //! Releases the sources and destinations of the copy-on-write orders returned since the last
-  //! call. Call it once the engine has run those copies, or queued them on the stream where every
+  //! call (the name, the block_mapping concept's, is older than the destinations' references).
+  //! Call it once the engine has run those copies, or queued them on the stream where every
   //! later write of those blocks is queued too (once per step, after the copy kernel); until then
   //! each source and each destination keeps one reference, so no block is both read and written,
   //! or written twice, by one step's copies.

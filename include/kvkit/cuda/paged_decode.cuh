@@ -2630,16 +2630,18 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
 }
 
 //! The build of the decode kernel a launch of `a` with `plan` runs on a device of `sms`
-//! multiprocessors whose blocks may opt in to `smem_optin` bytes of shared memory, as the launcher
-//! chooses it (host only; for tests): the tiles a step, the warps a block and the ring (0: the
-//! kernel's own, else decode_long_ring or decode_short_ring stages), with the plan and grid it
-//! runs (a paired fp8 plan runs half the splits of twice the keys).
+//! multiprocessors whose blocks may opt in to `smem_optin` bytes of shared memory (a device's
+//! figure, not negative), as the launcher chooses it (host only; for tests): the tiles a step, the
+//! warps a block and the ring (0: the kernel's own, else decode_long_ring or decode_short_ring
+//! stages), with the plan and grid it runs (a paired fp8 plan runs half the splits of twice the
+//! keys) and the opt-in its launch is given (-1 for the builds not sized by it).
 struct decode_build_choice {
   int tiles = 1;
   int warps = decode_warps;
   int ring = 0;
   decode_plan plan;
   std::int64_t blocks = 0;
+  std::int32_t smem_optin = -1;
 };
 template <int HeadDim, class Layout, class T>
 decode_build_choice decode_build_chosen(const decode_args<Layout, T>& a, const decode_plan& plan,
@@ -2648,8 +2650,8 @@ decode_build_choice decode_build_chosen(const decode_args<Layout, T>& a, const d
     return smem_optin;
   };
   const auto chosen = [&]<int KT, int W, int Ring>(const decode_plan& p, std::int64_t n,
-                                                   std::int32_t) {
-    return decode_build_choice{KT, W, Ring, p, n};
+                                                   std::int32_t o) {
+    return decode_build_choice{KT, W, Ring, p, n, o};
   };
   return plan.shape.group_size() > 8
              ? dispatch_decode<Layout, T, HeadDim, 2>(a, plan, sms, optin, smem_optin, chosen)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <concepts>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -129,13 +130,22 @@ public:
   [[nodiscard]] std::int32_t host_blocks_used() const noexcept { return host_.num_used(); }
 
   //! Queues a request. Errors: bad_argument (invalid config, the table's and the prefix index's
-  //! block sizes differ, empty prompt, max_new_tokens < 1), duplicate_sequence (the id is queued,
+  //! block sizes differ, a prefix cache not attached to its pool (prefix_cache::attached), empty
+  //! prompt, max_new_tokens < 1), duplicate_sequence (the id is queued,
   //! running or in the block table), out_of_blocks (its prompt and all its output could never fit
   //! in the allocator, even alone).
   [[nodiscard]] status add_request(request r) {
     if (!config_.validate().ok() || table_->block_size() != cache_->block_size() ||
         r.prompt.empty() || r.max_new_tokens < 1) {
       return errc::bad_argument;
+    }
+    if constexpr (requires(const Index& c) {
+                    { c.attached() } -> std::convertible_to<bool>;
+                  }) {
+      if (!cache_->attached()) {
+        return errc::bad_argument; // a detached cache admits nothing: the request would wait
+                                   // forever
+      }
     }
     if (requests_.contains(r.id) || table_->contains(r.id)) {
       return errc::duplicate_sequence;
@@ -164,8 +174,10 @@ public:
   //! the block table (the sequence leaves the table, so an export that names it fails: drop it
   //! from the batch first): a request of the step in flight then has no result to report
   //! (complete_step takes the others' and rejects one for it as unknown_sequence), and its blocks
-  //! are free again at once. The step's kernels may still write them, which does no harm: nothing
-  //! allocates them before the next step(), whose work the engine queues after this step's.
+  //! are free again at once, but for a copy-on-write destination of the step, which the block
+  //! table holds until complete_step releases the step's copies. The step's kernels may still
+  //! write them, which does no harm: nothing allocates them before the next step(), whose work the
+  //! engine queues after this step's.
   [[nodiscard]] status abort(seq_id id) {
     const auto it = requests_.find(id);
     if (it == requests_.end()) {
