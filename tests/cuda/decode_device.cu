@@ -572,10 +572,7 @@ std::vector<std::string> decode_choice_failures() {
   // sequences at 132 SMs, the one-tile kernel at 100 (256 blocks are no wave of two there).
   using fp8_nhd = kvkit::paged_layout<kvkit::fp8_e4m3_codec>;
   using fp8_hnd = kvkit::paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
-  std::vector<std::int32_t> whole_fp8(32);
-  for (std::size_t i = 0; i < whole_fp8.size(); ++i) {
-    whole_fp8[i] = 2048 + static_cast<std::int32_t>(i * 37 % 97);
-  }
+  const std::vector<std::int32_t> whole_fp8 = fp8_whole_wave_lengths();
   for (const auto& c : {chosen<128>(fp8_nhd(16, 8, 128), 16, whole_fp8, 132),
                         chosen<128>(fp8_hnd(16, 8, 128), 16, whole_fp8, 132)}) {
     expect(c.tiles == 2 && c.warps == decode_warps && c.plan.max_splits == 1,

@@ -24,6 +24,17 @@ inline std::vector<std::int32_t> lengths_below(std::size_t n, std::int32_t longe
   return lens;
 }
 
+// The lengths of the case "fp8 whole sequences in one wave of two blocks per SM": 32 sequences of
+// 2048 keys and up to 96 more, so that last tiles and pages are partial (shared with the host-side
+// check of the kernel it runs).
+inline std::vector<std::int32_t> fp8_whole_wave_lengths() {
+  std::vector<std::int32_t> lens(32);
+  for (std::size_t i = 0; i < lens.size(); ++i) {
+    lens[i] = 2048 + static_cast<std::int32_t>(i * 37 % 97);
+  }
+  return lens;
+}
+
 // One decode step: a page table over the shared cache, and the queries (raw fp16/bf16 bits).
 struct decode_step {
   std::vector<std::int32_t> indptr, indices, last_page_len;

@@ -471,10 +471,7 @@ TEST_CASE("paged_decode: fp8 whole sequences in one wave of two blocks per SM", 
   // device of 128 to 255 SMs (the H200's 132), and on the one-tile kernel elsewhere. Lengths vary
   // by up to 96 keys, so the last tiles and pages are partial.
   const std::uint64_t seed = kvkit_test::test_seed(0xF8B3);
-  std::vector<std::int32_t> lens(32);
-  for (std::size_t i = 0; i < lens.size(); ++i) {
-    lens[i] = 2048 + static_cast<std::int32_t>(i * 37 % 97);
-  }
+  const std::vector<std::int32_t> lens = kvkit_test::fp8_whole_wave_lengths();
   using fp8_hnd = paged_layout<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, kv_order::hnd>;
   const paged_layout<kvkit::fp8_e4m3_codec> nhd(16, 8, 128);
   const fp8_hnd hnd(16, 8, 128);
