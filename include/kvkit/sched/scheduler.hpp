@@ -142,9 +142,9 @@ public:
     if constexpr (requires(const Index& c) {
                     { c.attached() } -> std::convertible_to<bool>;
                   }) {
+      // A detached cache admits nothing: the request would wait forever.
       if (!cache_->attached()) {
-        return errc::bad_argument; // a detached cache admits nothing: the request would wait
-                                   // forever
+        return errc::bad_argument;
       }
     }
     if (requests_.contains(r.id) || table_->contains(r.id)) {
