@@ -509,6 +509,16 @@ TEST_CASE("plan_decode rejects bad shapes and lengths", "[attention][plan]") {
   CHECK(kvkit::plan_decode({2, 8, 2, 128, 0}, lens, 0).error() == kvkit::errc::bad_argument);
   CHECK(kvkit::plan_decode_graph_safe({2, 8, 2, 128, 0}, 0, 132).error() ==
         kvkit::errc::bad_argument);
+  // More sequences or KV heads than a launch's grid rows: refused by the plans too (a graph-safe
+  // plan would otherwise count every one of 2^31 padded sequences).
+  constexpr std::int32_t rows = kvkit::decode_shape::max_rows;
+  CHECK(kvkit::plan_decode_graph_safe({rows, rows, rows, 128, 0}, 4096, 132).ok());
+  CHECK(kvkit::plan_decode_graph_safe({rows + 1, 8, 2, 128, 0}, 4096, 132).error() ==
+        kvkit::errc::bad_argument);
+  CHECK(kvkit::plan_decode_graph_safe({2, rows + 1, rows + 1, 128, 0}, 4096, 132).error() ==
+        kvkit::errc::bad_argument);
+  CHECK(kvkit::plan_decode_graph_safe({INT32_MAX, 8, 1, 128, 0}, 1 << 30, 132).error() ==
+        kvkit::errc::bad_argument);
 }
 
 namespace {

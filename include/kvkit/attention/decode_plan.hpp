@@ -49,13 +49,16 @@ struct decode_shape {
   [[nodiscard]] constexpr std::int32_t group_size() const {
     return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
   }
-  //! bad_argument unless the batch is positive, the group size is 1..16 and divides evenly,
-  //! head_dim is 64, 128 or 256, kv_bits is 4, 8 or 16, kv_scaled_one_width is false where
-  //! kv_bits is 16, and page_size is not negative.
+  //! The most sequences, and the most KV heads, a decode launch takes (a grid's rows each).
+  static constexpr std::int32_t max_rows = 65535;
+
+  //! bad_argument unless the batch is positive, batch and KV heads are at most max_rows, the
+  //! group size is 1..16 and divides evenly, head_dim is 64, 128 or 256, kv_bits is 4, 8 or 16,
+  //! kv_scaled_one_width is false where kv_bits is 16, and page_size is not negative.
   [[nodiscard]] constexpr status validate() const noexcept {
-    if (batch_size <= 0 || num_kv_heads <= 0 || num_q_heads <= 0 ||
-        num_q_heads % num_kv_heads != 0 || group_size() > 16 || window < 0 || page_size < 0 ||
-        (head_dim != 64 && head_dim != 128 && head_dim != 256) ||
+    if (batch_size <= 0 || num_kv_heads <= 0 || num_q_heads <= 0 || batch_size > max_rows ||
+        num_kv_heads > max_rows || num_q_heads % num_kv_heads != 0 || group_size() > 16 ||
+        window < 0 || page_size < 0 || (head_dim != 64 && head_dim != 128 && head_dim != 256) ||
         (kv_bits != 4 && kv_bits != 8 && kv_bits != 16) || (kv_bits == 16 && kv_scaled_one_width)) {
       return errc::bad_argument;
     }

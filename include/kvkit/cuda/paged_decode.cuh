@@ -59,7 +59,10 @@ struct decode_args {
   const float* static_scales = nullptr; //!< [2][kv_heads]: K's then V's (fp8 codecs)
   attention_options options;            //!< scale, sliding window, soft cap
   //! Debug mode when set: every page id is checked against [0, capacity); a bad one sets
-  //! *page_check to 1 and its keys read as zeros instead of reading outside the cache.
+  //! *page_check to 1 and its keys read as zeros instead of reading outside the cache. A
+  //! sequence whose table.indptr entries run backwards, or whose last_page_len is outside
+  //! 1..page_size while it has pages, sets it too, and is read with that length clamped to its
+  //! page (nothing past its own page ids is read).
   std::int32_t* page_check = nullptr;
   //! Launch as a programmatic dependent of the kernel before it on the stream (compute
   //! capability 9 and up; ignored below): the decode grid is placed while that kernel's grid
@@ -118,8 +121,8 @@ inline constexpr bool decode_codec = device_codec<C> &&
 //! kv_bits, kv_scaled_one_width, and page_size unless 0: decode_shape_for gives them), the codecs
 //! are the library's per-token ones (a per-page-channel codec, or a kv_codec of the caller's own,
 //! is rejected), the page table's page size is the layout's, the batch fits the plan (equals it
-//! unless the plan is graph-safe), the plan's batch and KV heads are at most 65535 each (the grid's
-//! z and y; plan_decode takes more), the pointers are set (the fp8 scales' pointer included: their
+//! unless the plan is graph-safe; the plan's batch and KV heads are at most 65535 each, the grid's
+//! z and y: decode_shape::validate), the pointers are set (the fp8 scales' pointer included: their
 //! values, on the device, are not checked; the cache, queries and outputs 16-byte aligned), options
 //! are in range, the workspace holds plan.workspace_bytes() 16-byte-aligned bytes, and zeroed
 //! counters, where given, number at least plan.counter_count() (a count without counters:
@@ -146,13 +149,15 @@ template <class Layout, query_element T>
   }
   if (plan.chunk_tokens <= 0 || plan.chunk_tokens % decode_plan::tile_tokens != 0 ||
       plan.chunk_tokens > kvkit::detail::max_decode_keys || plan.max_splits <= 0 ||
-      plan.max_splits > decode_plan::max_splits_limit || s.num_kv_heads > detail::max_grid_rows ||
-      s.batch_size > detail::max_grid_rows) {
+      plan.max_splits > decode_plan::max_splits_limit) {
     return errc::bad_argument;
   }
   const attention_options& o = a.options;
+  // A soft cap is 0 (none) or a normal float: the kernel divides by it once, and the reciprocal of
+  // a subnormal cap is infinite (a logit of 0 would become NaN).
   if (!(o.scale >= 0.0F) || !std::isfinite(o.scale) || o.window < 0 || o.window != s.window ||
-      !(o.logits_soft_cap >= 0.0F) || !std::isfinite(o.logits_soft_cap)) {
+      !(o.logits_soft_cap == 0.0F ||
+        (o.logits_soft_cap > 0.0F && std::isnormal(o.logits_soft_cap)))) {
     return errc::bad_argument;
   }
   if (a.cache == nullptr || !detail::aligned<16>(a.cache) || a.capacity <= 0 || a.q == nullptr ||
@@ -1081,11 +1086,19 @@ __global__ void __launch_bounds__(
   const Layout& layout = p.layout;
   const std::int32_t first_page = p.table.indptr[b];
   const std::int32_t last_page = p.table.indptr[b + 1];
-  const std::int32_t last_len = p.table.last_page_len[b];
+  std::int32_t last_len = p.table.last_page_len[b];
   if (!p.page_table_ready) {
     load_queries();
   }
   const std::int32_t npages = last_page - first_page;
+  // Debug mode: a sequence's pages counted backwards, or its last page's length outside
+  // 1..page_size, set the flag, and the length is read as clamped to the page, so that no key
+  // past the sequence's own pages (no page id past its part of the table) is read.
+  if (p.page_check != nullptr &&
+      (npages < 0 || (npages > 0 && (last_len < 1 || last_len > layout.page_size())))) {
+    *p.page_check = 1;
+    last_len = last_len < 1 ? 1 : (last_len > layout.page_size() ? layout.page_size() : last_len);
+  }
   const std::int32_t len = npages <= 0 ? 0 : (npages - 1) * layout.page_size() + last_len;
   if (len <= 0) {
     // Nothing to attend to (a graph-safe batch's padding). A block that read the page table
