@@ -565,6 +565,12 @@ TEST_CASE("adopt_sequence takes over references the caller holds", "[block_table
   CHECK(table.adopt_sequence(1, held, -1).error() == errc::bad_argument);
   const std::array<block_id, 2> freed{held[0], 7};
   CHECK(table.adopt_sequence(1, freed, 6).error() == errc::invalid_block);
+  // One block in two places, even with a reference for each: its pages would be one page.
+  REQUIRE(pool.retain(held[0]).ok());
+  const std::array<block_id, 2> twice{held[0], held[0]};
+  CHECK(table.adopt_sequence(1, twice, 6).error() == errc::bad_argument);
+  CHECK_FALSE(table.contains(1));
+  REQUIRE(pool.release(held[0]).ok());
   CHECK(refs_of(pool) == refs);
   REQUIRE(table.adopt_sequence(1, held, 6).ok());
   CHECK(table.adopt_sequence(1, held, 6).error() == errc::duplicate_sequence);

@@ -392,6 +392,10 @@ TEST_CASE("bad input is rejected and changes nothing", "[prefix_cache]") {
   CHECK(cache.admit(table, 2, std::vector<token_id>{}).error() == errc::bad_argument);
   table_t other_size(pool, 8);
   CHECK(cache.admit(other_size, 2, prompt).error() == errc::bad_argument);
+  block_pool other_pool(4);
+  table_t other_allocator(other_pool, 4);
+  CHECK(cache.admit(other_allocator, 2, prompt).error() == errc::bad_argument);
+  CHECK(other_pool.num_free() == 4);
   std::vector<kvkit::token_slot> small(1);
   CHECK(cache.admit(table, 2, iota_tokens(5, 700), {}, {}, small).error() ==
         errc::buffer_too_small);
@@ -415,6 +419,49 @@ TEST_CASE("bad input is rejected and changes nothing", "[prefix_cache]") {
   CHECK(cache.admit(table, 4, prompt).error() == errc::duplicate_sequence);
   CHECK(cache.publish(4, *table.blocks(4), iota_tokens(7, 900)).error() == errc::bad_argument);
   CHECK(cache.truncate(4, -1).error() == errc::bad_argument);
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("publish refuses blocks other than those the sequence matched or published",
+          "[prefix_cache]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9);
+  REQUIRE(cache.admit(table, 1, prompt).ok());
+  REQUIRE(cache.publish(1, *table.blocks(1), prompt).ok());
+  REQUIRE(cache.num_entries() == 2);
+
+  // The table truncated into the published blocks without the cache told, then grown again
+  // with other tokens: block 0 was copied before the write, so the sequence's first block is
+  // not the one it published, and publishing its third block would put it after the old second.
+  REQUIRE(table.truncate(1, 2).ok());
+  const auto other = concat(iota_tokens(2), iota_tokens(11, 300));
+  REQUIRE(table.append_tokens(1, 11, {}).ok());
+  table.release_copy_sources();
+  CHECK(cache.publish(1, *table.blocks(1), other).error() == errc::bad_argument);
+  CHECK(cache.finish(1, *table.blocks(1), other).error() == errc::bad_argument);
+  CHECK(cache.num_entries() == 2);
+  // Told, it publishes the new blocks.
+  REQUIRE(cache.truncate(1, 2).ok());
+  const auto published = cache.publish(1, *table.blocks(1), other);
+  REQUIRE(published.ok());
+  CHECK(*published == 3);
+  REQUIRE(cache.finish(1, *table.blocks(1), other).ok());
+  REQUIRE(table.free(1).ok());
+
+  // A sequence freed from the table while the cache still tracks it, and its id used again.
+  const auto third = iota_tokens(9, 600);
+  REQUIRE(cache.admit(table, 2, third).ok());
+  REQUIRE(cache.publish(2, *table.blocks(2), third).ok());
+  REQUIRE(table.free(2).ok()); // no finish or forget
+  const auto reused = concat(iota_tokens(4, 700), iota_tokens(9, 604));
+  REQUIRE(table.add_sequence(2).ok());
+  REQUIRE(table.append_tokens(2, 13, {}).ok());
+  const auto entries = cache.num_entries();
+  CHECK(cache.publish(2, *table.blocks(2), reused).error() == errc::bad_argument);
+  CHECK(cache.num_entries() == entries);
+  REQUIRE(cache.forget(2).ok());
   CHECK(pool.check_consistency());
 }
 

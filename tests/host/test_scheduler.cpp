@@ -252,6 +252,38 @@ TEST_CASE("a table and a prefix cache of different block sizes take no request",
   CHECK(pool.num_used() == 0);
 }
 
+TEST_CASE("a table over another allocator than the scheduler's takes no request", "[scheduler]") {
+  kvkit::block_pool pool(16);
+  kvkit::block_pool other(16);
+  table_t table(other, 4);
+  cache_t cache(pool, 4);
+  kvkit::scheduler<table_t, cache_t, kvkit::block_pool> sched(table, cache, pool, {});
+  CHECK(sched.add_request({1, prompt_of(12), 4, 0}).error() == errc::bad_argument);
+  CHECK_FALSE(sched.has_work());
+}
+
+TEST_CASE("step called again before complete_step returns the step in flight", "[scheduler]") {
+  kvkit::scheduler_config cfg;
+  cfg.prefill_chunk = 4;
+  rig<> r(16, cfg);
+  REQUIRE(r.sched.add_request({1, prompt_of(12), 2, 0}).ok());
+  const kvkit::step_plan first = r.sched.step();
+  REQUIRE(first.batch.size() == 1);
+  CHECK(first.batch[0].num_tokens == 4);
+  CHECK(*r.table.num_tokens(1) == 4);
+  const kvkit::step_plan& again = r.sched.step();
+  REQUIRE(again.batch.size() == 1);
+  CHECK(again.batch[0].first_position == first.batch[0].first_position);
+  CHECK(again.batch[0].num_tokens == 4);
+  CHECK(again.num_tokens == first.num_tokens);
+  CHECK(*r.table.num_tokens(1) == 4); // the chunk appended once
+  REQUIRE(r.sched.complete_step({}).ok());
+  const kvkit::step_plan& next = r.sched.step();
+  REQUIRE(next.batch.size() == 1);
+  CHECK(next.batch[0].first_position == 4);
+  CHECK(*r.table.num_tokens(1) == 8);
+}
+
 TEST_CASE("a prefix cache not attached to its pool takes no request", "[scheduler]") {
   kvkit::block_pool pool(16);
   table_t table(pool, 4);

@@ -116,8 +116,9 @@ public:
   //! Adds sequence `s` made of `blocks` holding `num_tokens` tokens, taking over one reference
   //! to each block that the caller already holds (a prefix-cache match retains them). The last
   //! block may be partly filled and shared: the first append copies it. Errors (the caller keeps
-  //! its references): duplicate_sequence; bad_argument when `num_tokens` < 0 or `blocks` is not
-  //! exactly the blocks that many tokens fill; invalid_block for a block not in use.
+  //! its references): duplicate_sequence; bad_argument when `num_tokens` < 0, `blocks` is not
+  //! exactly the blocks that many tokens fill, or names a block twice (two places of a sequence
+  //! are two pages); invalid_block for a block not in use.
   [[nodiscard]] status adopt_sequence(seq_id s, std::span<const block_id> blocks,
                                       std::int32_t num_tokens) {
     if (contains(s)) {
@@ -131,6 +132,11 @@ public:
       if (allocator_->ref_count(b) <= 0) {
         return errc::invalid_block;
       }
+    }
+    std::vector<block_id> sorted(blocks.begin(), blocks.end());
+    std::ranges::sort(sorted);
+    if (std::ranges::adjacent_find(sorted) != sorted.end()) {
+      return errc::bad_argument;
     }
     const std::size_t slot = take_record();
     seqs_[slot].blocks.assign(blocks.begin(), blocks.end());

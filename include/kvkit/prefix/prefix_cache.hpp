@@ -200,7 +200,8 @@ public:
   //! matches the cached prefix, adopts its blocks and appends the rest, writing the slots of the
   //! tokens to compute (`tokens.size() - hit.num_tokens` of them) into `slots` unless it is empty.
   //! All or nothing: errors are those of `match`, plus duplicate_sequence when `table` has `s`,
-  //! bad_argument when the block sizes differ, out_of_blocks, buffer_too_small.
+  //! bad_argument when the block sizes differ or `table` (where it names its allocator) takes its
+  //! blocks from another pool, out_of_blocks, buffer_too_small.
   template <block_mapping Mapping>
   [[nodiscard]] result<admission> admit(Mapping& table, seq_id s, std::span<const token_id> tokens,
                                         std::span<const std::byte> extra = {},
@@ -208,6 +209,11 @@ public:
     if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !valid(r) ||
         table.block_size() != block_size_ || !attached()) {
       return errc::bad_argument;
+    }
+    if constexpr (requires { table.allocator(); }) {
+      if (static_cast<const void*>(&table.allocator()) != static_cast<const void*>(pool_)) {
+        return errc::bad_argument;
+      }
     }
     if (seqs_.contains(s) || table.contains(s)) {
       return errc::duplicate_sequence;
@@ -247,15 +253,17 @@ public:
   //! the tokens they hold, all computed (publish after verification, not while tokens are only
   //! speculative). Only blocks past those already published or matched are hashed. Returns how
   //! many blocks became new entries (a block whose prefix another block already holds is not).
-  //! Errors: unknown_sequence, bad_argument (block and token counts disagree, or too many
-  //! tokens), invalid_block (a block not in use).
+  //! Errors: unknown_sequence, bad_argument (block and token counts disagree, too many tokens, or
+  //! the first blocks are not those `s` matched or published: its table was truncated without
+  //! `truncate` here, or the id is another sequence's that `forget` or `finish` did not end),
+  //! invalid_block (a block not in use).
   [[nodiscard]] result<std::int32_t> publish(seq_id s, std::span<const block_id> blocks,
                                              std::span<const token_id> tokens) {
     const auto it = seqs_.find(s);
     if (it == seqs_.end()) {
       return errc::unknown_sequence;
     }
-    if (const status st = check(blocks, tokens); !st) {
+    if (const status st = check(it->second, blocks, tokens); !st) {
       return st.error();
     }
     return publish_full(it->second, blocks, tokens);
@@ -301,7 +309,7 @@ public:
     if (it == seqs_.end()) {
       return errc::unknown_sequence;
     }
-    if (const status st = check(blocks, tokens); !st) {
+    if (const status st = check(it->second, blocks, tokens); !st) {
       return st;
     }
     sequence& q = it->second;
@@ -405,6 +413,7 @@ private:
   struct link {
     block_key key{};
     std::uint64_t tag = 0;
+    block_id block = invalid_block_id; // the sequence's block at this place
   };
 
   struct sequence {
@@ -437,12 +446,22 @@ private:
     return r.priority >= 0 && r.priority <= 100 && r.num_tokens >= 0;
   }
 
-  [[nodiscard]] status check(std::span<const block_id> blocks,
+  // The blocks and tokens `publish` and `finish` take for sequence `q`: as many blocks as the
+  // tokens fill, each in use, and first the blocks it matched or published before (a table
+  // truncated without the cache told, or a sequence freed and its id used again without
+  // `forget`, would otherwise publish blocks under a prefix their K/V does not follow).
+  [[nodiscard]] status check(const sequence& q, std::span<const block_id> blocks,
                              std::span<const token_id> tokens) const {
     if (tokens.size() > static_cast<std::size_t>(max_tokens) ||
         blocks.size() != static_cast<std::size_t>(blocks_for_tokens(
                              static_cast<std::int32_t>(tokens.size()), block_size_))) {
       return errc::bad_argument;
+    }
+    const std::size_t known = std::min(q.chain.size(), blocks.size());
+    for (std::size_t i = 0; i < known; ++i) {
+      if (q.chain[i].block != blocks[i]) {
+        return errc::bad_argument;
+      }
     }
     for (const block_id b : blocks) {
       if (pool_->ref_count(b) <= 0) {
@@ -543,7 +562,7 @@ private:
       if constexpr (Take) {
         out[i] = s->value;
         take(s->value);
-        keys->push_back(link{entries_[static_cast<std::size_t>(s->value)].key, tag});
+        keys->push_back(link{entries_[static_cast<std::size_t>(s->value)].key, tag, s->value});
       } else {
         m.num_evictable += pool_->ref_count(s->value) == 0 ? 1 : 0;
       }
@@ -635,7 +654,7 @@ private:
       const block_key parent = i == 0 ? q.root : q.chain[i - 1].key;
       const std::uint64_t parent_tag = i == 0 ? root_tag(q.root) : q.chain[i - 1].tag;
       const auto blk = tokens.subspan(i * bs, bs);
-      link l{hasher_(parent, blk, {}), 0};
+      link l{hasher_(parent, blk, {}), 0, blocks[i]};
       if (!q.collided) {
         const auto [at, added] = store_full(blocks[i], l.key, parent, parent_tag, blk,
                                             level_of(q, static_cast<std::int32_t>(i)),

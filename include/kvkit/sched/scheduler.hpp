@@ -130,7 +130,8 @@ public:
   [[nodiscard]] std::int32_t host_blocks_used() const noexcept { return host_.num_used(); }
 
   //! Queues a request. Errors: bad_argument (invalid config, the table's and the prefix index's
-  //! block sizes differ, a prefix cache not attached to its pool (prefix_cache::attached), empty
+  //! block sizes differ, a table (where it names its allocator) over another allocator than the
+  //! scheduler's, a prefix cache not attached to its pool (prefix_cache::attached), empty
   //! prompt, max_new_tokens < 1), duplicate_sequence (the id is queued,
   //! running or in the block table), out_of_blocks (its prompt and all its output could never fit
   //! in the allocator, even alone).
@@ -144,6 +145,12 @@ public:
                   }) {
       // A detached cache admits nothing: the request would wait forever.
       if (!cache_->attached()) {
+        return errc::bad_argument;
+      }
+    }
+    if constexpr (requires(const Mapping& t) { t.allocator(); }) {
+      // Admission counts the scheduler's allocator's free blocks; the table must take from it.
+      if (static_cast<const void*>(&table_->allocator()) != static_cast<const void*>(allocator_)) {
         return errc::bad_argument;
       }
     }
@@ -207,8 +214,12 @@ public:
     return {};
   }
 
-  //! Decides the next step. Call `complete_step` with its results before the next `step`.
+  //! Decides the next step. Call `complete_step` with its results before the next `step`: until
+  //! then, `step` returns the step in flight again and changes nothing.
   [[nodiscard]] const step_plan& step() {
+    if (in_flight_) {
+      return plan_;
+    }
     plan_.batch.clear();
     plan_.swap_out.clear();
     plan_.swap_in.clear();
@@ -280,7 +291,7 @@ public:
         return errc::unknown_sequence;
       }
       const scheduled_sequence& sched = plan_.batch[it->second.batch_index];
-      if (s.tokens.empty() || static_cast<std::int32_t>(s.tokens.size()) > sched.num_tokens ||
+      if (s.tokens.empty() || s.tokens.size() > static_cast<std::size_t>(sched.num_tokens) ||
           (!sched.decode && s.tokens.size() != 1) || it->second.sample_epoch == epoch_) {
         return errc::bad_argument;
       }
