@@ -967,9 +967,11 @@ cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
 //! Quantizes whole pages: `b.k` and `b.v` hold `b.num_pages` pages of K and V, written into
 //! cache pages `b.page_ids`, scales included. Asynchronous on `stream`; returns the validation
 //! error, an error an earlier call left pending (taken before anything launches:
-//! detail::take_pending_error) or the launch's error. Page ids must be in 0 .. capacity-1 (a
-//! block_table's pages are); they are checked on the device only in the debug mode
-//! (page_batch::page_check).
+//! detail::take_pending_error) or the launch's error. K's pages and V's are two launches, K's
+//! first: were V's launch to fail after K's was queued (a failure that validation cannot foresee,
+//! such as a device out of resources), its error comes back and K's pages are written. Page ids
+//! must be in 0 .. capacity-1 (a block_table's pages are); they are checked on the device only in
+//! the debug mode (page_batch::page_check).
 template <class Layout, page_element T>
 [[nodiscard]] cudaError_t quantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
   if (!validate(b).ok()) {
@@ -981,7 +983,8 @@ template <class Layout, page_element T>
   return detail::launch<true>(b, stream);
 }
 
-//! Decodes cache pages `b.page_ids` into `b.k` and `b.v` (the inverse of quantize_pages).
+//! Decodes cache pages `b.page_ids` into `b.k` and `b.v` (the inverse of quantize_pages; K's and
+//! V's in two launches, as there).
 template <class Layout, page_element T>
 [[nodiscard]] cudaError_t dequantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
   if (!validate(b).ok()) {
