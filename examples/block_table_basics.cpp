@@ -26,7 +26,7 @@ int main() {
   (void)table.fork(1, 2);
   const auto info = table.append_tokens(2, 1, {});
   if (info->copied) {
-    std::printf("copy-on-write: copy block %d -> %d before attention\n", info->copy.src,
+    std::printf("copy-on-write: copy block %d -> %d before this step's K/V write\n", info->copy.src,
                 info->copy.dst);
   }
   table.release_copy_sources(); // once the step's copies have run

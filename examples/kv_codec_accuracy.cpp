@@ -94,10 +94,23 @@ std::vector<double> attention(const data& d, const std::vector<float>& k,
   return out;
 }
 
+// The largest finite value of the layout's fp8 format (its K codec's; 448, e4m3's, for a layout
+// without fp8, whose scales are unused).
+template <class Layout>
+float fp8_largest() {
+  using K = typename Layout::k_codec;
+  if constexpr (requires { K::format; }) {
+    return kvkit::fp8_max(K::format);
+  } else {
+    return 448.0F;
+  }
+}
+
 template <class Layout>
 void row(const char* name, const data& d, const std::vector<double>& exact) {
   const Layout layout(page_size, heads, dim);
-  // fp8 static scales: calibrated per head from the data (max |x| / fp8 max), as engines do.
+  // fp8 static scales: calibrated per head from the data (max |x| / the format's largest finite
+  // value: 448 for e4m3, 57344 for e5m2), as engines do; other codecs take none.
   std::vector<float> scales(2 * heads, 1.0F);
   for (std::int32_t which = 0; which < 2; ++which) {
     const auto& x = which == 0 ? d.k : d.v;
@@ -109,7 +122,7 @@ void row(const char* name, const data& d, const std::vector<double>& exact) {
                                             static_cast<std::size_t>(h * dim + c)]));
         }
       }
-      scales[static_cast<std::size_t>(which * heads + h)] = amax / 448.0F;
+      scales[static_cast<std::size_t>(which * heads + h)] = amax / fp8_largest<Layout>();
     }
   }
   std::vector<std::byte> page(static_cast<std::size_t>(layout.bytes_per_page()));

@@ -247,7 +247,7 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
       ++next_arrival;
     }
     const kvkit::step_plan& plan = sched.step();
-    // The engine: run copies (none to simulate), export the page table, compute, sample.
+    // The engine (the model engine below runs the copies): export the page table, compute, sample.
     batch.clear();
     sampled.resize(plan.batch.size());
     samples.clear();

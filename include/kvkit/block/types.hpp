@@ -34,8 +34,9 @@ struct token_slot {
   friend constexpr bool operator==(const token_slot&, const token_slot&) = default;
 };
 
-//! One copy-on-write order: copy the whole page `src` onto page `dst` (in every layer) before
-//! attention runs. An array of these is what the copy kernel consumes: [n][2] int32.
+//! One copy-on-write order: copy the whole page `src` onto page `dst` (in every layer) before the
+//! step writes its new K/V (a copy after the write would undo it). An array of these is what the
+//! copy kernel consumes: [n][2] int32.
 struct block_copy {
   block_id src;
   block_id dst;
