@@ -266,6 +266,9 @@ TEST_CASE("step called again before complete_step returns the step in flight", "
   kvkit::scheduler_config cfg;
   cfg.prefill_chunk = 4;
   rig<> r(16, cfg);
+  // An empty plan is no step in flight: an engine that only waits on it and steps again sees
+  // the request queued in between.
+  REQUIRE(r.sched.step().batch.empty());
   REQUIRE(r.sched.add_request({1, prompt_of(12), 2, 0}).ok());
   const kvkit::step_plan first = r.sched.step();
   REQUIRE(first.batch.size() == 1);

@@ -133,10 +133,12 @@ public:
         return errc::invalid_block;
       }
     }
-    std::vector<block_id> sorted(blocks.begin(), blocks.end());
-    std::ranges::sort(sorted);
-    if (std::ranges::adjacent_find(sorted) != sorted.end()) {
-      return errc::bad_argument;
+    if (blocks.size() > 1) {
+      std::vector<block_id> sorted(blocks.begin(), blocks.end());
+      std::ranges::sort(sorted);
+      if (std::ranges::adjacent_find(sorted) != sorted.end()) {
+        return errc::bad_argument;
+      }
     }
     const std::size_t slot = take_record();
     seqs_[slot].blocks.assign(blocks.begin(), blocks.end());

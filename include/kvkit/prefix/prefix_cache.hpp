@@ -254,8 +254,9 @@ public:
   //! speculative). Only blocks past those already published or matched are hashed. Returns how
   //! many blocks became new entries (a block whose prefix another block already holds is not).
   //! Errors: unknown_sequence, bad_argument (block and token counts disagree, too many tokens, or
-  //! the first blocks are not those `s` matched or published: its table was truncated without
-  //! `truncate` here, or the id is another sequence's that `forget` or `finish` did not end),
+  //! the first block ids are not those `s` matched or published: its table was truncated without
+  //! `truncate` here, or the id is another sequence's that `forget` or `finish` did not end; a
+  //! block handed back at the same place is not caught),
   //! invalid_block (a block not in use).
   [[nodiscard]] result<std::int32_t> publish(seq_id s, std::span<const block_id> blocks,
                                              std::span<const token_id> tokens) {
@@ -447,9 +448,10 @@ private:
   }
 
   // The blocks and tokens `publish` and `finish` take for sequence `q`: as many blocks as the
-  // tokens fill, each in use, and first the blocks it matched or published before (a table
+  // tokens fill, each in use, and first the block ids it matched or published before (a table
   // truncated without the cache told, or a sequence freed and its id used again without
-  // `forget`, would otherwise publish blocks under a prefix their K/V does not follow).
+  // `forget`, would otherwise publish blocks under a prefix their K/V does not follow; a block
+  // freed and handed back at the same place still passes).
   [[nodiscard]] status check(const sequence& q, std::span<const block_id> blocks,
                              std::span<const token_id> tokens) const {
     if (tokens.size() > static_cast<std::size_t>(max_tokens) ||

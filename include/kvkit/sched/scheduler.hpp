@@ -215,7 +215,8 @@ public:
   }
 
   //! Decides the next step. Call `complete_step` with its results before the next `step`: until
-  //! then, `step` returns the step in flight again and changes nothing.
+  //! then, `step` returns the step in flight again and changes nothing. An empty plan (nothing to
+  //! run, copy, swap or preempt) is no step in flight: the next `step` plans anew.
   [[nodiscard]] const step_plan& step() {
     if (in_flight_) {
       return plan_;
@@ -228,7 +229,6 @@ public:
     plan_.num_tokens = 0;
     ++step_epoch_;
     num_sampling_ = 0;
-    in_flight_ = true;
     std::int32_t budget = config_.max_batched_tokens;
     // 1. Running requests, in policy order; preempt from the back when blocks run out.
     for (std::size_t i = 0; i < running_.size() && budget > 0;) {
@@ -273,6 +273,8 @@ public:
         }
       }
     }
+    in_flight_ = !plan_.batch.empty() || !plan_.swap_out.empty() || !plan_.swap_in.empty() ||
+                 !plan_.copies.empty() || !plan_.preempted.empty();
     return plan_;
   }
 
@@ -334,7 +336,7 @@ public:
       const bool finished = s.end_of_sequence ||
                             static_cast<std::int32_t>(e.tokens.size()) - e.prompt_len >= e.max_new;
       if (finished) {
-        (void)cache_->finish(sched.id, *table_->blocks(sched.id), cached_tokens(e));
+        end_tracking(sched.id, *table_->blocks(sched.id), e);
         (void)table_->free(sched.id);
         erase_from(running_, sched.id);
         done.push_back(
@@ -414,18 +416,27 @@ private:
       for (std::size_t i = 0; i < blocks.size(); ++i) {
         plan_.swap_out.push_back({blocks[i], e.host[i]});
       }
-      (void)cache_->finish(id, blocks, cached_tokens(e));
+      end_tracking(id, blocks, e);
       (void)table_->free(id);
       e.where = place::swapped;
       insert_sorted(swapped_, id);
       return;
     }
     // Recompute: computed blocks stay in the prefix cache, so the redo is mostly cache hits.
-    (void)cache_->finish(id, blocks, cached_tokens(e));
+    end_tracking(id, blocks, e);
     (void)table_->free(id);
     e.computed = 0;
     e.where = place::waiting;
     insert_sorted(waiting_, id);
+  }
+
+  // Publishes what sequence `id` computed and stops the prefix index tracking it, before the
+  // table frees it. Should the index refuse (a table and an index out of step), it still stops
+  // tracking the id, which would otherwise never match again.
+  void end_tracking(seq_id id, std::span<const block_id> blocks, const entry& e) {
+    if (!cache_->finish(id, blocks, cached_tokens(e))) {
+      (void)cache_->forget(id);
+    }
   }
 
   // The free blocks admission and swap-in leave (scheduler_config::watermark_blocks): none while
