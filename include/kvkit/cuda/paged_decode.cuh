@@ -2615,6 +2615,17 @@ auto dispatch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, s
   return run.template operator()<1, decode_warps, 0>(plan, blocks, -1);
 }
 
+// Calls `f` with the build's query-row tiles for the plan's group (NT, as
+// std::integral_constant<int, NT>): two for groups over 8, else one. The launcher and
+// decode_build_chosen take NT from here alone, so that the choice reported is the one launched.
+template <class F>
+auto with_group_tiles(const decode_plan& plan, F&& f) {
+  if (plan.shape.group_size() > 8) {
+    return f(std::integral_constant<int, 2>{});
+  }
+  return f(std::integral_constant<int, 1>{});
+}
+
 template <class Layout, class T, int D, int NT>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream, std::int32_t smem_optin) {
@@ -2658,9 +2669,10 @@ decode_build_choice decode_build_chosen(const decode_args<Layout, T>& a, const d
                                                    std::int32_t o) {
     return decode_build_choice{KT, W, Ring, p, n, o};
   };
-  return plan.shape.group_size() > 8
-             ? dispatch_decode<Layout, T, HeadDim, 2>(a, plan, sms, optin, smem_optin, chosen)
-             : dispatch_decode<Layout, T, HeadDim, 1>(a, plan, sms, optin, smem_optin, chosen);
+  return with_group_tiles(plan, [&](auto nt) {
+    return dispatch_decode<Layout, T, HeadDim, decltype(nt)::value>(a, plan, sms, optin, smem_optin,
+                                                                    chosen);
+  });
 }
 
 // paged_decode_dim, with the shared memory a block may opt in to as the launcher sees it
@@ -2678,9 +2690,10 @@ cudaError_t decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan,
   if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
     return e;
   }
-  return plan.shape.group_size() > 8
-             ? launch_decode<Layout, T, HeadDim, 2>(a, plan, workspace, stream, smem_optin)
-             : launch_decode<Layout, T, HeadDim, 1>(a, plan, workspace, stream, smem_optin);
+  return with_group_tiles(plan, [&](auto nt) {
+    return launch_decode<Layout, T, HeadDim, decltype(nt)::value>(a, plan, workspace, stream,
+                                                                  smem_optin);
+  });
 }
 
 } // namespace detail
