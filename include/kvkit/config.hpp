@@ -1,6 +1,8 @@
 #pragma once
 //! kvkit configuration: version and the host/device function annotations.
 
+#include <cstdint>
+
 #define KVKIT_VERSION_MAJOR 0
 #define KVKIT_VERSION_MINOR 1
 #define KVKIT_VERSION_PATCH 0
@@ -53,3 +55,12 @@ inline constexpr version_info version{KVKIT_VERSION_MAJOR, KVKIT_VERSION_MINOR,
                                       KVKIT_VERSION_PATCH};
 
 } // namespace kvkit
+
+namespace kvkit::detail {
+
+//! The most thread blocks a CUDA grid takes along y or z (CUDA's limit): the launchers that put
+//! layers, tokens, channels, KV heads or sequences there bound their counts by it in validate(),
+//! and so do the decode plans (decode_shape::max_rows).
+inline constexpr std::int64_t max_grid_rows = 65535;
+
+} // namespace kvkit::detail

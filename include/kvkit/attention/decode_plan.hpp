@@ -16,6 +16,7 @@
 #include <span>
 
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/config.hpp"
 #include "kvkit/error.hpp"
 #include "kvkit/layout/page_layout.hpp"
 
@@ -50,7 +51,7 @@ struct decode_shape {
     return num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
   }
   //! The most sequences, and the most KV heads, a decode launch takes (a grid's rows each).
-  static constexpr std::int32_t max_rows = 65535;
+  static constexpr std::int32_t max_rows = static_cast<std::int32_t>(detail::max_grid_rows);
 
   //! bad_argument unless the batch is positive, batch and KV heads are at most max_rows, the
   //! group size is 1..16 and divides evenly, head_dim is 64, 128 or 256, kv_bits is 4, 8 or 16,

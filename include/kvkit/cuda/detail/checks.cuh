@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kvkit/config.hpp"
+
 namespace kvkit::cuda::detail {
 
 //! Whether `p` is a multiple of `Bytes` (a power of two); a null pointer is (null pointers are
@@ -29,9 +31,8 @@ template <std::size_t Bytes>
   return cudaGetLastError();
 }
 
-//! The most thread blocks a grid takes along y or z (CUDA's limit): the launchers that put
-//! layers, tokens, channels, KV heads or sequences there bound their counts by it in validate().
-inline constexpr std::int64_t max_grid_rows = 65535;
+//! The most thread blocks a grid takes along y or z (config.hpp).
+using kvkit::detail::max_grid_rows;
 
 //! The debug mode of a kernel that takes page ids (`flag` set): an id outside [0, capacity) sets
 //! *flag to 1, and the kernel leaves that page alone instead of touching memory outside the
