@@ -1,3 +1,5 @@
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -193,6 +195,18 @@ TEST_CASE("KV memory: the formula, its worked numbers and its inverse", "[layout
   // Errors.
   CHECK(kvkit::kv_bytes_paged(m::llama3_8b, kv_format::fp16, kv_format::fp16, -1, 1, 16).error() ==
         kvkit::errc::bad_argument);
+  // Sizes past int64: 2^21 pages of 2^16 bytes in 32 layers for 2^21 sequences are 2^63 bytes,
+  // one sequence fewer is exact, and a token count at int64's top rounds up without wrapping.
+  REQUIRE(page == 1 << 16);
+  CHECK(kvkit::kv_bytes_paged(m::llama3_8b, kv_format::fp16, kv_format::fp16, 1LL << 25, 1LL << 21,
+                              16)
+            .error() == kvkit::errc::out_of_range);
+  CHECK(*kvkit::kv_bytes_paged(m::llama3_8b, kv_format::fp16, kv_format::fp16, 1LL << 25,
+                               (1LL << 21) - 1,
+                               16) == std::numeric_limits<std::int64_t>::max() - (1LL << 42) + 1);
+  CHECK(kvkit::kv_bytes_paged(m::llama3_8b, kv_format::fp16, kv_format::fp16,
+                              std::numeric_limits<std::int64_t>::max(), 1, 16)
+            .error() == kvkit::errc::out_of_range);
   CHECK(kvkit::page_bytes(m::llama3_8b, kv_format::fp16, kv_format::fp16, 0).error() ==
         kvkit::errc::bad_argument);
   CHECK(kvkit::tokens_that_fit(m::llama3_8b, kv_format::fp16, kv_format::fp16, -5, 16).error() ==

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string_view>
 
@@ -57,7 +58,8 @@ page_bytes(const model_config& m, kv_format k, kv_format v, std::int32_t page_si
 }
 
 //! Paged KV bytes of `batch` sequences of `tokens` tokens each: every sequence rounds up to whole
-//! pages, and every page carries its scales.
+//! pages, and every page carries its scales. bad_argument for negative counts or a layout
+//! page_bytes refuses, out_of_range where the bytes pass int64.
 [[nodiscard]] constexpr result<std::int64_t> kv_bytes_paged(const model_config& m, kv_format k,
                                                             kv_format v, std::int64_t tokens,
                                                             std::int64_t batch,
@@ -69,13 +71,16 @@ page_bytes(const model_config& m, kv_format k, kv_format v, std::int32_t page_si
   if (!page) {
     return page.error();
   }
-  const std::int64_t pages = (tokens + page_size - 1) / page_size;
-  const double total = static_cast<double>(pages) * static_cast<double>(batch) * m.num_layers *
-                       static_cast<double>(*page);
-  if (total > static_cast<double>(std::numeric_limits<std::int64_t>::max())) {
-    return errc::out_of_range;
+  // Every factor is at least zero; each product is checked before it is taken.
+  const std::int64_t pages = tokens / page_size + (tokens % page_size != 0 ? 1 : 0);
+  std::int64_t total = 1;
+  for (const std::int64_t factor : {pages, batch, std::int64_t{m.num_layers}, *page}) {
+    if (factor != 0 && total > std::numeric_limits<std::int64_t>::max() / factor) {
+      return errc::out_of_range;
+    }
+    total *= factor;
   }
-  return pages * batch * m.num_layers * *page;
+  return total;
 }
 
 //! How many tokens fit in `bytes` of KV memory (whole pages of `page_size` tokens, all layers).
