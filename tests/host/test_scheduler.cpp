@@ -225,7 +225,7 @@ TEST_CASE("a request admitted with only its last token to compute decodes it wit
   rig r(64, {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
   REQUIRE(r.sched.add_request({1, prompt_of(9), 1, 0}).ok());
   REQUIRE(r.run().contains(1));
-  REQUIRE(r.sched.add_request({2, prompt_of(9), 3, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(9), 10, 0}).ok());
   const auto& plan = r.sched.step();
   REQUIRE(plan.batch.size() == 1);
   CHECK(plan.batch[0].decode);
@@ -469,4 +469,97 @@ TEST_CASE("abort gives back a swapped-out request's host blocks", "[scheduler]")
     CHECK_FALSE(r.sched.has_work());
     CHECK(r.pool.num_used() == 0);
   }
+}
+
+TEST_CASE("a decode whose draft slots the budget left cannot hold lets the requests after it run",
+          "[scheduler]") {
+  // Budget 6, decodes of 1 + 3: after A's decode 2 tokens are left, which B's decode cannot use;
+  // C, running behind B in mid-prefill, takes them, before W (newer, waiting) is admitted.
+  rig r(64, {.max_running = 8, .max_batched_tokens = 6, .prefill_chunk = 6, .lookahead = 3});
+  REQUIRE(r.sched.add_request({1, prompt_of(3), 20, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(3, 20), 20, 0}).ok());
+  REQUIRE(r.sched.add_request({3, prompt_of(20, 40), 20, 0}).ok());
+  REQUIRE(r.sched.add_request({4, prompt_of(8, 70), 20, 0}).ok());
+  std::vector<std::vector<seq_id>> ids;
+  std::vector<std::vector<std::int32_t>> tokens;
+  for (int step = 0; step < 3; ++step) {
+    const auto& plan = r.sched.step();
+    ids.emplace_back();
+    tokens.emplace_back();
+    for (const auto& s : plan.batch) {
+      ids.back().push_back(s.id);
+      tokens.back().push_back(s.num_tokens);
+    }
+    CHECK(plan.num_tokens <= 6);
+    std::vector<std::vector<token_id>> storage;
+    REQUIRE(r.sched.complete_step(sample_all(plan, storage, nine)).ok());
+  }
+  CHECK(ids[0] == std::vector<seq_id>{1, 2});          // both prompts, 3 tokens each
+  CHECK(ids[1] == std::vector<seq_id>{1, 3});          // A decodes 4; C is admitted with 2
+  CHECK(ids[2] == std::vector<seq_id>{1, 3});          // A decodes 4; C goes on with 2, W waits
+  CHECK(tokens[2] == std::vector<std::int32_t>{4, 2}); // (before: C skipped, W admitted)
+}
+
+TEST_CASE("a decode takes no draft slots past the tokens the request may still generate",
+          "[scheduler]") {
+  rig r(64, {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
+  REQUIRE(r.sched.add_request({1, prompt_of(6), 3, 0}).ok());
+  (void)r.sched.step();
+  const std::vector<token_id> first{7};
+  const kvkit::sample_result s0{1, first, false};
+  REQUIRE(r.sched.complete_step(std::span(&s0, 1)).ok());
+  // Two tokens more at most: the last one and one draft slot, not three.
+  const auto& plan = r.sched.step();
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].decode);
+  CHECK(plan.batch[0].num_tokens == 2);
+  CHECK(*r.table.num_tokens(1) == 8);
+  const std::vector<token_id> both{8, 9};
+  const kvkit::sample_result s1{1, both, false};
+  const auto done = r.sched.complete_step(std::span(&s1, 1));
+  REQUIRE(done.ok());
+  REQUIRE(done->size() == 1);
+  CHECK(done->front().generated == std::vector<token_id>{7, 8, 9});
+  CHECK(r.pool.num_used() == 0);
+}
+
+TEST_CASE(
+    "a swapped-out request whose prefix others still hold comes back as soon as the rest fits",
+    "[scheduler]") {
+  // A and S share an 8-token prefix (2 blocks of 4). S, the newest, is swapped out when the
+  // 8-block pool runs dry; C's finish then frees 2 blocks while A runs. S needs just 1 of them
+  // (its 2 shared blocks are A's, its own cached one comes back from the cache): it swaps in
+  // beside A, not after A is done (counted as 4 blocks and a spare, it waited for A to finish).
+  rig r(8, {.max_running = 4,
+            .max_batched_tokens = 64,
+            .prefill_chunk = 64,
+            .preemption = kvkit::preemption_mode::swap,
+            .host_blocks = 16});
+  REQUIRE(r.sched.add_request({1, prompt_of(8), 12, 0}).ok());
+  std::vector<token_id> shared = prompt_of(8);
+  shared.push_back(50);
+  bool swapped_out = false;
+  bool back_beside_a = false;
+  std::int32_t swap_ins = 0;
+  for (int step = 0; r.sched.has_work() && step < 100; ++step) {
+    if (step == 1) {
+      REQUIRE(r.sched.add_request({2, prompt_of(4, 900), 6, 0}).ok());
+      REQUIRE(r.sched.add_request({3, shared, 8, 0}).ok());
+    }
+    const auto& plan = r.sched.step();
+    swapped_out = swapped_out || !plan.swap_out.empty();
+    if (!plan.swap_in.empty()) {
+      ++swap_ins;
+      back_beside_a = std::any_of(plan.batch.begin(), plan.batch.end(),
+                                  [](const auto& s) { return s.id == 1; });
+    }
+    std::vector<std::vector<token_id>> storage;
+    REQUIRE(r.sched.complete_step(sample_all(plan, storage, nine)).ok());
+  }
+  REQUIRE(swapped_out);
+  CHECK(swap_ins == 1);
+  CHECK(back_beside_a);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(r.sched.host_blocks_used() == 0);
+  CHECK(r.pool.num_used() == 0);
 }

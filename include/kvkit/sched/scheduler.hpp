@@ -66,9 +66,11 @@ struct request {
 struct scheduled_sequence {
   seq_id id = 0;
   std::int32_t first_position = 0; //!< position of its first token computed this step
-  //! Tokens computed: a prefill chunk, or for a decode 1 + lookahead; but 1 (no lookahead slots)
-  //! where the step that admits a request has only its last known token left to compute (a
-  //! one-token prompt, or tokens all cached but the last, as a prompt seen before may be).
+  //! Tokens computed: a prefill chunk, or for a decode 1 + lookahead, fewer where the request may
+  //! generate fewer tokens than that before its max_new_tokens (no slots for drafts it could not
+  //! keep); but 1 (no lookahead slots) where the step that admits a request has only its last
+  //! known token left to compute (a one-token prompt, or tokens all cached but the last, as a
+  //! prompt seen before may be).
   std::int32_t num_tokens = 0;
   bool decode = false;  //!< its last known token is computed (then the lookahead slots, if any)
   bool samples = false; //!< the engine samples a token for it this step
@@ -81,8 +83,11 @@ struct step_plan {
   std::vector<block_copy> swap_out; //!< {device block, host block}
   std::vector<block_copy> swap_in;  //!< {host block, device block}
   std::vector<block_copy> copies;   //!< copy-on-write, device to device
-  std::vector<seq_id> preempted;    //!< requests that lost (or swapped out) their blocks
-  std::int32_t num_tokens = 0;      //!< tokens computed in this step
+  //! Requests that lost (or swapped out) their blocks. One preempted by recompute may be admitted
+  //! again in the same step, from the prefix cache, and then is in `batch` as well: drop its old
+  //! state before running the batch.
+  std::vector<seq_id> preempted;
+  std::int32_t num_tokens = 0; //!< tokens computed in this step
 };
 
 //! The engine's result for one sequence that sampled this step.
@@ -236,7 +241,8 @@ public:
       entry& e = requests_.at(id);
       const std::int32_t n = tokens_for(e, budget);
       if (n == 0) {
-        break;
+        ++i; // a decode whose draft slots the budget left cannot hold: later requests may fit it
+        continue;
       }
       bool placed = false;
       while (!placed) {
@@ -323,9 +329,7 @@ public:
       // Tokens whose K/V is now valid: a whole prefill chunk, or the decode input and the
       // accepted draft tokens (all sampled tokens but the last); never more than it keeps.
       const auto sampled = static_cast<std::int32_t>(s.tokens.size());
-      const std::int32_t room =
-          e.max_new - (static_cast<std::int32_t>(e.tokens.size()) - e.prompt_len);
-      const std::int32_t keep = std::min(room, sampled);
+      const std::int32_t keep = std::min(room(e), sampled);
       e.tokens.insert(e.tokens.end(), s.tokens.begin(), s.tokens.begin() + keep);
       e.computed = std::min(e.computed + (sched.decode ? sampled : sched.num_tokens),
                             static_cast<std::int32_t>(e.tokens.size()));
@@ -379,11 +383,19 @@ private:
     return std::span<const token_id>(e.tokens).first(static_cast<std::size_t>(e.computed));
   }
 
-  // Tokens a running request computes next: the rest of its prefill (chunked), or a decode.
+  // Tokens request `e` may still generate.
+  [[nodiscard]] static std::int32_t room(const entry& e) noexcept {
+    return e.max_new - (static_cast<std::int32_t>(e.tokens.size()) - e.prompt_len);
+  }
+
+  // Tokens a running request computes next: the rest of its prefill (chunked), or a decode with
+  // its draft slots, but none for drafts past the tokens it may still generate (it could not keep
+  // them); 0 where the budget cannot hold that decode.
   [[nodiscard]] std::int32_t tokens_for(const entry& e, std::int32_t budget) const {
     const auto pending = static_cast<std::int32_t>(e.tokens.size()) - e.computed;
     if (pending == 1) {
-      return 1 + config_.lookahead <= budget ? 1 + config_.lookahead : 0;
+      const std::int32_t n = std::clamp(room(e), 1, 1 + config_.lookahead);
+      return n <= budget ? n : 0;
     }
     return std::min({pending, config_.prefill_chunk, budget});
   }
@@ -477,8 +489,14 @@ private:
     entry& e = requests_.at(id);
     const std::int32_t n = tokens_for(e, budget);
     const std::int32_t bs = table_->block_size();
-    const std::int32_t need = blocks_for_tokens(e.computed + n, bs) + 1;
-    if (n == 0 || need > allocator_->num_free() - watermark()) {
+    // New blocks: all but the whole blocks of its computed tokens that the cache still holds
+    // (taken below; no copy-on-write follows, as the blocks after them are fresh). Those in use
+    // cost nothing; evictable ones come out of the free count (num_evictable counts every one
+    // matched, at least those taken).
+    const prefix_match p = cache_->probe(e.tokens, {});
+    const std::int32_t cached = std::min(p.num_tokens / bs, e.computed / bs);
+    const std::int32_t need = blocks_for_tokens(e.computed + n, bs) - cached;
+    if (n == 0 || need > allocator_->num_free() - p.num_evictable - watermark()) {
       return false;
     }
     const auto m = match_prefix(id, e);
