@@ -451,6 +451,29 @@ decode_outcome run_decode(const Layout& layout, const std::vector<std::byte>& ca
           out.untouched_after_error =
               std::all_of(o.begin(), o.end(), [](std::uint16_t x) { return x == 0xFFFF; });
         }
+        if (mode.own_error_on_repeat && i == 0 && r == 1) {
+          cudaStream_t capturing = nullptr;
+          KVKIT_TRY(cudaStreamCreate(&capturing));
+          const cudaError_t begun = cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed);
+          if (begun == cudaSuccess) {
+            out.own_error_returned = kd::decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes,
+                                                             cudaStreamLegacy, mode.smem_optin);
+            out.own_error_taken = cudaPeekAtLastError() == cudaSuccess;
+            cudaGraph_t graph = nullptr;
+            (void)cudaStreamEndCapture(capturing, &graph);
+            if (graph != nullptr) {
+              cudaGraphDestroy(graph);
+            }
+          }
+          cudaStreamDestroy(capturing);
+          (void)cudaGetLastError(); // the ended capture's error, if it was invalidated
+          KVKIT_TRY(begun);
+          KVKIT_TRY(cudaStreamSynchronize(stream));
+          std::vector<std::uint16_t> o(elems);
+          KVKIT_TRY(cudaMemcpy(o.data(), d_out, o.size() * 2, cudaMemcpyDeviceToHost));
+          out.untouched_after_error =
+              std::all_of(o.begin(), o.end(), [](std::uint16_t x) { return x == 0xFFFF; });
+        }
         KVKIT_TRY(kd::decode_dim<HeadDim>(a, plans[i], d_ws, ws_bytes, stream, mode.smem_optin));
         if (mode.late_queries) {
           KVKIT_TRY(cudaMemcpyAsync(d_q_staged + elems, d_q, s.q.size() * 2,

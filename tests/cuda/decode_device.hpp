@@ -72,6 +72,12 @@ struct decode_mode {
   // An error left pending (an unchecked failed launch) before the first decode, which must return
   // it and launch nothing (outputs still poisoned); that step is then launched again.
   bool pending_error_first = false;
+  // An error of the launcher's own: on the first step's second repeat (repeats >= 2, so that the
+  // launcher's per-device answers are already in place), the decode is first launched on the
+  // legacy stream while a blocking stream captures, where a launch fails
+  // (cudaErrorStreamCaptureImplicit). It must return that error and take it (none left pending
+  // for the next launcher), and write nothing; the repeat is then launched as usual.
+  bool own_error_on_repeat = false;
   // A plan_decode_graph_safe plan (max_seq_len) launched without a graph: the only plan that takes
   // a batch whose sequences are all empty.
   bool graph_safe_plan = false;
@@ -99,6 +105,10 @@ struct decode_outcome {
   cudaError_t pending_error_left = cudaSuccess;
   cudaError_t pending_error_returned = cudaSuccess;
   bool pending_error_taken = false;
+  // With own_error_on_repeat: what the failing decode returned and whether it took its error.
+  // With either mode: whether the outputs stayed poisoned after the failed call.
+  cudaError_t own_error_returned = cudaSuccess;
+  bool own_error_taken = false;
   bool untouched_after_error = false;
   // With late_queries: the queries as a copy on the stream right after the last decode found
   // them (the late kernel's copy, if the decode ended after it).

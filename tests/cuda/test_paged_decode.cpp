@@ -926,6 +926,28 @@ TEST_CASE("paged_decode: an error left pending before it is returned, and nothin
   check_steps(pr, steps, q_heads, got);
 }
 
+TEST_CASE("paged_decode: an error of its own launch is returned and taken, and the next call runs",
+          "[cuda][decode][pending_error]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0x9E2);
+  const bf16_nhd layout(16, 2, 128);
+  const std::int32_t q_heads = 8;
+  problem<bf16_nhd> pr(layout, 64, seed);
+  // A long sequence, split on any device, and a short one.
+  const std::vector<kvkit_test::decode_step> steps{pr.make_step<__nv_bfloat16>({900, 17}, q_heads)};
+  kvkit_test::decode_mode mode;
+  mode.own_error_on_repeat = true;
+  mode.repeats = 2;
+  const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+      layout, pr.cache, pr.capacity, {2, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+  INFO("seed " << seed << " error " << cudaGetErrorString(got.error) << " failing call "
+               << cudaGetErrorString(got.own_error_returned));
+  REQUIRE(got.error == cudaSuccess);
+  CHECK(got.own_error_returned != cudaSuccess);
+  CHECK(got.own_error_taken);
+  CHECK(got.untouched_after_error);
+  check_steps(pr, steps, q_heads, got);
+}
+
 // A quantized cache's one-wave grid of split sequences, launched as a programmatic dependent with
 // the page table and the cache but each sequence's last page read ahead of its wait, while the
 // kernel before it writes the queries and the last pages late; two launches back to back, so

@@ -128,6 +128,8 @@ inline constexpr bool decode_codec = device_codec<C> &&
 //! counters, where given, number at least plan.counter_count() (a count without counters:
 //! bad_argument). The sequences' lengths are not checked on the host: each holds at most 2^30 keys
 //! (the kernel locates keys in 32 bits; the plans refuse longer lengths and bounds, window or not).
+//! Nor is the query head count (decode_args has none): q and out hold the plan's
+//! shape.num_q_heads heads a sequence.
 //! A sequence with no pages (or no tokens) is skipped and its outputs and log-sum-exps left as they
 //! were, so a graph-safe batch can be padded with empty sequences; the CPU reference rejects empty
 //! ones.
@@ -1173,7 +1175,7 @@ __global__ void __launch_bounds__(
   // branch around an atomic.
   constexpr bool rows_without_branch = !(kf::bits == 8 && vf::bits == 8);
   // In the one-tile kernels but int8's, a key's rows and parameter rows are located in 32-bit
-  // offsets from its page's start (a page is under 1 GiB: paged_layout::validate), each linear in
+  // offsets from its page's start (a page is at most 1 GiB: paged_layout::validate), each linear in
   // the key's slot with a start and a step fixed for the warp's head, and the page's start comes
   // from one 32 by 32-bit product. In 64 bits (the earlier form), sm_90a at head dim 128: 13-19
   // instructions more a tile (int4's loop 526 for 507 in NHD pages, 504 for 486 in HND; fp8's 417
@@ -2481,11 +2483,14 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       int n = 0;
       if (const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &config);
           e != cudaSuccess) {
-        (void)cudaGetLastError(); // not an error of this launch: no cluster merge
+        // Not an error of this launch: no cluster merge this time, and the query is asked again
+        // at the next launch (kept, a failure would rule cluster merges out for good).
+        (void)cudaGetLastError();
         n = 0;
+      } else {
+        known.store(n + 1, std::memory_order_release);
       }
       max_clusters = n;
-      known.store(n + 1, std::memory_order_release);
     }
     p.cluster =
         static_cast<std::int64_t>(a.table.batch_size) * plan.shape.num_kv_heads <= max_clusters;
@@ -2690,10 +2695,17 @@ cudaError_t decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan,
   if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
     return e;
   }
-  return with_group_tiles(plan, [&](auto nt) {
+  const cudaError_t e = with_group_tiles(plan, [&](auto nt) {
     return launch_decode<Layout, T, HeadDim, decltype(nt)::value>(a, plan, workspace, stream,
                                                                   smem_optin);
   });
+  if (e != cudaSuccess) {
+    // A failed runtime call (a launch, a memset, an attribute) leaves its error as the thread's
+    // last error too; returned here, it is taken, so that the next launcher does not return it
+    // again as pending and launch nothing.
+    (void)cudaGetLastError();
+  }
+  return e;
 }
 
 } // namespace detail
@@ -2722,7 +2734,8 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! decode_args::dependent_launch); no allocation, no host synchronization, so a launch with a
 //! graph-safe plan can be captured in a CUDA graph. cudaErrorInvalidValue when
 //! `validate` fails; an error an earlier call left pending is returned (taken) before anything
-//! launches (detail::take_pending_error).
+//! launches (detail::take_pending_error); an error of the launcher's own calls is returned and
+//! taken too.
 template <class Layout, query_element T>
 [[nodiscard]] cudaError_t paged_decode(const decode_args<Layout, T>& a, const decode_plan& plan,
                                        void* workspace, std::size_t workspace_bytes,
