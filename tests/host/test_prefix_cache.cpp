@@ -603,6 +603,34 @@ TEST_CASE("a second cache on a pool that has one stays detached and finds nothin
   CHECK(first.probe(prompt).num_tokens == 0);
 }
 
+TEST_CASE("a cache on a pool with an eviction callback of the engine's stays detached",
+          "[prefix_cache]") {
+  // The engine's callback takes no context; the cache must neither replace it nor serve blocks
+  // whose eviction it would not hear of.
+  static std::vector<block_id> heard;
+  heard.clear();
+  block_pool pool(4);
+  pool.set_eviction_callback([](void*, block_id id) noexcept { heard.push_back(id); }, nullptr);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  CHECK_FALSE(cache.attached());
+  CHECK(pool.has_eviction_callback());
+  const auto prompt = iota_tokens(9);
+  CHECK(cache.admit(table, 1, prompt).error() == errc::bad_argument);
+  CHECK_FALSE(table.contains(1));
+  // The engine's callback still hears of a reclaimed block.
+  const auto b = pool.allocate();
+  REQUIRE(b.ok());
+  REQUIRE(pool.set_cached(*b, true).ok());
+  REQUIRE(pool.release(*b).ok());
+  std::array<block_id, 4> all{};
+  REQUIRE(pool.allocate(all).ok());
+  CHECK(heard == std::vector<block_id>{*b});
+  for (const block_id id : all) {
+    REQUIRE(pool.release(id).ok());
+  }
+}
+
 TEST_CASE("caches can follow each other on one pool", "[prefix_cache]") {
   block_pool pool(4);
   table_t table(pool, 4);

@@ -225,8 +225,11 @@ public:
     on_evict_ = callback;
     evict_context_ = context;
   }
-  //! The context the installed eviction callback was given (nullptr when none is installed).
+  //! The context the installed eviction callback was given (nullptr when none is installed, and
+  //! for a callback installed without one).
   [[nodiscard]] void* eviction_context() const noexcept { return evict_context_; }
+  //! Whether an eviction callback is installed.
+  [[nodiscard]] bool has_eviction_callback() const noexcept { return on_evict_ != nullptr; }
 
   //! Evictable blocks reclaimed by `allocate` since construction.
   [[nodiscard]] std::int64_t num_evictions() const noexcept { return num_evictions_; }

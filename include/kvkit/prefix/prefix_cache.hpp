@@ -96,7 +96,8 @@ struct admission {
 //! Sequences are tracked from `match` (or `admit`) to `finish` / `forget`, following the block
 //! table's `fork` and `truncate`. The pool must outlive the cache; the cache installs itself as the
 //! pool's eviction callback and must not move. One cache per pool: a cache made for a pool that
-//! already has one is not attached to it (`attached()` is false) and finds nothing (`match` and
+//! already has one, or another eviction callback, is not attached to it (`attached()` is false)
+//! and finds nothing (`match` and
 //! `admit` return bad_argument, `probe` an empty match), so it can never hand out a block whose
 //! eviction it would not hear of. Not thread-safe. Failures change nothing.
 template <block_hasher Hasher = xxh3_hasher, eviction_policy Policy = lru>
@@ -113,7 +114,9 @@ public:
         next_(static_cast<std::size_t>(pool.capacity())),
         children_(options.share_partial_blocks ? static_cast<std::size_t>(pool.capacity()) : 0) {
     assert(block_size > 0);
-    if (pool.eviction_context() == nullptr) { // one cache per pool: else this one stays detached
+    // One cache per pool, and the pool's one callback: where another is installed (another
+    // cache's, or the engine's own, with or without a context), this one stays detached.
+    if (!pool.has_eviction_callback()) {
       pool_->set_eviction_callback(&prefix_cache::on_evict, this);
     }
     if (options_.record_events) {
@@ -303,7 +306,10 @@ public:
   //! Publishes the rest of `s` (with share_partial_blocks, its partly filled last block too),
   //! raises the full blocks of its retained tokens to its retention's level where theirs is lower
   //! (blocks it matched were published at another request's level), and stops tracking it. Call
-  //! before the block table frees it. Errors as for `publish`.
+  //! before the block table frees it, and (as the table's `fork`) not in a step after the
+  //! sequence's append: its last block may then be that step's copy-on-write destination, which a
+  //! sequence admitted in the same step would copy before the copy into it has run. Errors as for
+  //! `publish`.
   [[nodiscard]] status finish(seq_id s, std::span<const block_id> blocks,
                               std::span<const token_id> tokens) {
     const auto it = seqs_.find(s);
