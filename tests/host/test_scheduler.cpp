@@ -563,3 +563,47 @@ TEST_CASE(
   CHECK(r.sched.host_blocks_used() == 0);
   CHECK(r.pool.num_used() == 0);
 }
+
+TEST_CASE("a request swapped out mid-prefill comes back though the cache holds more of its prompt",
+          "[scheduler]") {
+  // S shares A's 40-token prompt and is swapped out after its first 4 tokens. Once A is done the
+  // cache holds 9 evictable blocks of that prompt beyond S's one: S's swap-in takes only its own
+  // computed block from them and gives the rest back, so they must not count against it.
+  rig r(13, {.max_running = 4,
+             .max_batched_tokens = 44,
+             .prefill_chunk = 64,
+             .preemption = kvkit::preemption_mode::swap,
+             .host_blocks = 16});
+  REQUIRE(r.sched.add_request({1, prompt_of(40), 2, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(40), 1, 0}).ok());
+  bool swapped_out = false;
+  std::map<seq_id, std::vector<token_id>> done;
+  for (int step = 0; r.sched.has_work() && step < 50; ++step) {
+    const auto& plan = r.sched.step();
+    swapped_out = swapped_out || !plan.swap_out.empty();
+    std::vector<std::vector<token_id>> storage;
+    const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
+    REQUIRE(finished.ok());
+    for (const auto& f : *finished) {
+      done[f.id] = f.generated;
+    }
+  }
+  REQUIRE(swapped_out);
+  CHECK_FALSE(r.sched.has_work()); // (it waited for good, with every step's plan empty)
+  CHECK(done.size() == 2);
+  CHECK(r.sched.host_blocks_used() == 0);
+  CHECK(r.pool.num_used() == 0);
+}
+
+TEST_CASE("a request that fills the pool runs with lookahead: no draft slots past its last token",
+          "[scheduler]") {
+  // 8 prompt tokens and 8 new ones fill 4 blocks of 4, the pool's 5 less the spare; its decodes
+  // near the end take fewer draft slots, so lookahead needs no room of its own.
+  rig r(5, {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
+  REQUIRE(r.sched.add_request({1, prompt_of(8), 8, 0}).ok());
+  const auto out = r.run(100);
+  REQUIRE(out.contains(1));
+  CHECK(out.at(1).size() == 8);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(r.pool.num_used() == 0);
+}

@@ -162,8 +162,8 @@ public:
     if (requests_.contains(r.id) || table_->contains(r.id)) {
       return errc::duplicate_sequence;
     }
-    const std::int64_t longest =
-        static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens + config_.lookahead;
+    // Its table's longest: a decode takes no draft slots past the tokens it may still generate.
+    const std::int64_t longest = static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens;
     if (longest > std::int64_t{1} << 30 ||
         blocks_for_tokens(static_cast<std::int32_t>(longest), table_->block_size()) + 1 >
             allocator_->capacity()) {
@@ -488,24 +488,27 @@ private:
   bool swap_in(seq_id id, std::int32_t& budget) {
     entry& e = requests_.at(id);
     const std::int32_t n = tokens_for(e, budget);
+    if (n == 0) {
+      return false;
+    }
     const std::int32_t bs = table_->block_size();
     // New blocks: all but the whole blocks of its computed tokens that the cache still holds
-    // (taken below; no copy-on-write follows, as the blocks after them are fresh). Those in use
-    // cost nothing; evictable ones come out of the free count (num_evictable counts every one
-    // matched, at least those taken).
+    // (`full`, taken below; no copy-on-write follows, as the blocks after them are fresh). Those
+    // in use cost nothing; evictable ones come out of the free count. The probe counts the
+    // evictable blocks of the whole match, whose blocks past `full` are given back at once: at
+    // most `full` of them are kept.
     const prefix_match p = cache_->probe(e.tokens, {});
-    const std::int32_t cached = std::min(p.num_tokens / bs, e.computed / bs);
-    const std::int32_t need = blocks_for_tokens(e.computed + n, bs) - cached;
-    if (n == 0 || need > allocator_->num_free() - p.num_evictable - watermark()) {
+    const std::int32_t full = std::min(p.num_tokens / bs, e.computed / bs);
+    const std::int32_t need = blocks_for_tokens(e.computed + n, bs) - full;
+    if (need > allocator_->num_free() - std::min(p.num_evictable, full) - watermark()) {
       return false;
     }
     const auto m = match_prefix(id, e);
     if (!m) {
       return false;
     }
+    assert(m->num_tokens == p.num_tokens); // nothing changed the cache since the probe
     // Use whole cached blocks of what it had computed; copy the rest back from the host.
-    std::int32_t full = m->num_tokens / bs;
-    full = std::min(full, e.computed / bs);
     for (std::int32_t i = m->num_blocks; i-- > full;) {
       [[maybe_unused]] const status released =
           allocator_->release(match_[static_cast<std::size_t>(i)]);
