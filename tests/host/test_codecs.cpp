@@ -1,3 +1,4 @@
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -52,6 +53,14 @@ TEST_CASE("fp8 codecs apply the static scale and saturate", "[quant][codecs]") {
   CHECK(C::encode(0.0F, p) == 0);
   const std::vector<float> zeros{0.0F, 0.0F};
   CHECK(C::fit(zeros.data(), 2).scale == 1.0F); // never a zero scale
+  // Values so small that max|x| / 448 is subnormal: the smallest normal scale, whose reciprocal
+  // is finite, so zeros stay zeros (an infinite one coded them NaN) and the values round trip.
+  const std::vector<float> tiny{1e-37F, -2e-38F};
+  const auto pt = C::fit(tiny.data(), 2);
+  CHECK(pt.scale == FLT_MIN);
+  CHECK(std::isfinite(pt.inv));
+  CHECK(C::encode(0.0F, pt) == 0);
+  CHECK(round_trip<C>(1e-37F, pt) == Approx(1e-37F).epsilon(0.07));
   using E = kvkit::fp8_e5m2_codec;
   CHECK(round_trip<E>(1e9F, {1.0F}) == 57344.0F);
 }
@@ -249,6 +258,7 @@ TEST_CASE("kv_format names and dispatch", "[quant][codecs]") {
     CHECK(*parsed == f);
   }
   CHECK(kvkit::parse_kv_format("int3").error() == kvkit::errc::bad_argument);
+  CHECK(kvkit::to_string(static_cast<kvkit::kv_format>(200)) == "unknown");
   CHECK(kvkit::visit_codec(kvkit::kv_format::int4_g64,
                            [](auto c) { return decltype(c)::group_size; }) == 64);
   CHECK(kvkit::visit_codec(kvkit::kv_format::fp8_e5m2, [](auto c) { return decltype(c)::bits; }) ==

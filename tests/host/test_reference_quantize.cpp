@@ -125,6 +125,11 @@ TEST_CASE("bad arguments are rejected before anything is written", "[reference][
   CHECK_FALSE(kvkit::reference::quantize_page(fp8, s.k.data(), s.v.data(), 4, page.data(),
                                               nan_scales.data())
                   .ok());
+  // A subnormal scale: its reciprocal is infinite, which would code zeros as NaN.
+  const std::vector<float> subnormal_scales(4, 1e-39F);
+  CHECK_FALSE(kvkit::reference::quantize_page(fp8, s.k.data(), s.v.data(), 4, page.data(),
+                                              subnormal_scales.data())
+                  .ok());
   const kvkit::paged_layout<kvkit::int8_codec> int8(4, 2, 32);
   CHECK_FALSE(kvkit::reference::quantize_page(int8, s.k.data(), s.v.data(), 5, page.data()).ok());
   CHECK_FALSE(kvkit::reference::quantize_page(int8, s.k.data(), nullptr, 4, page.data()).ok());

@@ -2,6 +2,7 @@
 //! kvkit's K/V codecs: fp16/bf16 passthrough, fp8 e4m3/e5m2 with static scales, int8 symmetric
 //! per token and head, int4 asymmetric per group of channels, and int4 per channel for K.
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -199,14 +200,17 @@ struct fp16_codec : detail::float16_passthrough<false> {};
 //! bf16 passthrough: the value rounded to bfloat16.
 struct bf16_codec : detail::float16_passthrough<true> {};
 
-//! fp8 with a static scale per KV head (or one per tensor): stores fp8(x / scale), saturating at
-//! the format's largest finite value; NaN stays NaN. The scale is a calibration result passed to
-//! the kernels (`fit` computes max|x| / fp8_max for calibration); it is not stored in pages.
+//! fp8 with a static scale per KV head (or one per tensor): stores fp8(x * (1 / scale)), the
+//! reciprocal rounded to fp32 (a product, not a quotient: it may differ from fp8(x / scale) on a
+//! rounding tie), saturating at the format's largest finite value; NaN stays NaN. The scale is a
+//! calibration result passed to the kernels (`fit` computes max|x| / fp8_max for calibration, at
+//! least the smallest normal float); it is not stored in pages.
 template <fp8_format Format>
 struct fp8_codec {
   struct params {
-    float scale = 1.0F; // must be finite and > 0 (the reference checks; the GPU launchers take
-                        // the scales on the device and check only that they are given)
+    float scale = 1.0F; // a positive normal float, so that 1 / scale is finite (the reference
+                        // checks; the GPU launchers take the scales on the device and check
+                        // only that they are given; a subnormal one codes 0 as NaN)
     float inv = 1.0F;   // 1 / scale
   };
   //! Parameters for a calibrated scale.
@@ -218,7 +222,10 @@ struct fp8_codec {
   static constexpr std::int32_t param_bytes = 0;
   KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
     const float amax = detail::finite_amax(xs, n);
-    return with_scale(amax > 0.0F ? amax / fp8_max(Format) : 1.0F);
+    // Values so small that max|x| / fp8_max is subnormal take the smallest normal scale instead
+    // (1 / a subnormal scale is infinite, and 0 * inf codes zeros as NaN).
+    const float scale = amax / fp8_max(Format);
+    return with_scale(amax > 0.0F ? (scale >= FLT_MIN ? scale : FLT_MIN) : 1.0F);
   }
   KVKIT_HOST_DEVICE static std::uint32_t encode(float x, const params& p) {
     return float_to_fp8_bits(x * p.inv, Format);

@@ -31,6 +31,7 @@ inline constexpr std::array<kv_format, 9> all_kv_formats{
     kv_format::int4_g64, kv_format::int4_g128, kv_format::int4_channel};
 
 //! Calls `fn(Codec{})` with the codec type of `f`; the single runtime-to-template dispatch point.
+//! `f` must be one of the enumerators (a value cast from elsewhere takes int4_channel_codec).
 template <class F>
 constexpr decltype(auto) visit_codec(kv_format f, F&& fn) {
   switch (f) {
@@ -56,12 +57,14 @@ constexpr decltype(auto) visit_codec(kv_format f, F&& fn) {
   return std::forward<F>(fn)(int4_channel_codec{});
 }
 
-//! The format's name as `parse_kv_format` reads it.
+//! The format's name as `parse_kv_format` reads it; "unknown" for a value that is none of the
+//! enumerators.
 [[nodiscard]] constexpr std::string_view to_string(kv_format f) noexcept {
   constexpr std::array<std::string_view, 9> names{"fp16",     "bf16",      "fp8_e4m3",
                                                   "fp8_e5m2", "int8",      "int4_g32",
                                                   "int4_g64", "int4_g128", "int4_channel"};
-  return names[static_cast<std::size_t>(f)];
+  const auto i = static_cast<std::size_t>(f);
+  return i < names.size() ? names[i] : std::string_view("unknown");
 }
 
 //! The format named `name` (as `to_string` spells it); bad_argument for anything else.

@@ -1,6 +1,7 @@
 #pragma once
 //! CPU reference of page quantization: what the GPU page kernels are tested against.
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -60,7 +61,8 @@ bool scales_ok(const float* scales, std::int32_t heads) {
       return false;
     }
     for (std::int32_t h = 0; h < heads; ++h) {
-      if (!(scales[h] > 0.0F) || !kvkit::detail::finite(scales[h])) {
+      // Positive and normal: 1 / scale is then finite (the codec multiplies by it).
+      if (!(scales[h] >= FLT_MIN) || !kvkit::detail::finite(scales[h])) {
         return false;
       }
     }
