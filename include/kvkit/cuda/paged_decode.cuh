@@ -2483,14 +2483,13 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       int n = 0;
       if (const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &config);
           e != cudaSuccess) {
-        // Not an error of this launch: no cluster merge this time, and the query is asked again
-        // at the next launch (kept, a failure would rule cluster merges out for good).
-        (void)cudaGetLastError();
+        (void)cudaGetLastError(); // not an error of this launch: no cluster merge
         n = 0;
-      } else {
-        known.store(n + 1, std::memory_order_release);
       }
       max_clusters = n;
+      // A failure is kept as well (no cluster merges of this size on this device): asked again at
+      // every launch, a query that keeps failing would cost each one a host round of its own.
+      known.store(n + 1, std::memory_order_release);
     }
     p.cluster =
         static_cast<std::int64_t>(a.table.batch_size) * plan.shape.num_kv_heads <= max_clusters;
