@@ -394,16 +394,17 @@ TEST_CASE("the watermark holds admission back only while other sequences run", "
 
 namespace {
 
-// 10 blocks of 4 tokens, a watermark of 2, swap preemption: A (4 + 30 tokens) and B (28 + 8)
+// Swap preemption to a host tier of 16 blocks of 4 tokens. By default 10 blocks and a watermark
+// of 2, where the cases below run this: A (4 + 30 tokens) and B (28 + 8)
 // start together; when A needs its third block, B (8 blocks) is swapped out, and it needs 9 or 10
 // blocks to come back: more than the 8 beyond the watermark, so it returns once A is done.
-rig<> swap_rig() {
-  return rig<>(10, {.max_running = 4,
-                    .max_batched_tokens = 64,
-                    .prefill_chunk = 64,
-                    .watermark_blocks = 2,
-                    .preemption = kvkit::preemption_mode::swap,
-                    .host_blocks = 16});
+rig<> swap_rig(std::int32_t blocks = 10, std::int32_t watermark = 2, std::int32_t budget = 64) {
+  return rig<>(blocks, {.max_running = 4,
+                        .max_batched_tokens = budget,
+                        .prefill_chunk = 64,
+                        .watermark_blocks = watermark,
+                        .preemption = kvkit::preemption_mode::swap,
+                        .host_blocks = 16});
 }
 
 // Runs one step of `r`, sampling token 9 for every sampling sequence; returns the plan's swap-outs.
@@ -530,11 +531,7 @@ TEST_CASE(
   // 8-block pool runs dry; C's finish then frees 2 blocks while A runs. S needs just 1 of them
   // (its 2 shared blocks are A's, its own cached one comes back from the cache): it swaps in
   // beside A, not after A is done (counted as 4 blocks and a spare, it waited for A to finish).
-  rig r(8, {.max_running = 4,
-            .max_batched_tokens = 64,
-            .prefill_chunk = 64,
-            .preemption = kvkit::preemption_mode::swap,
-            .host_blocks = 16});
+  rig<> r = swap_rig(8, 0);
   REQUIRE(r.sched.add_request({1, prompt_of(8), 12, 0}).ok());
   std::vector<token_id> shared = prompt_of(8);
   shared.push_back(50);
@@ -569,11 +566,7 @@ TEST_CASE("a request swapped out mid-prefill comes back though the cache holds m
   // S shares A's 40-token prompt and is swapped out after its first 4 tokens. Once A is done the
   // cache holds 9 evictable blocks of that prompt beyond S's one: S's swap-in takes only its own
   // computed block from them and gives the rest back, so they must not count against it.
-  rig r(13, {.max_running = 4,
-             .max_batched_tokens = 44,
-             .prefill_chunk = 64,
-             .preemption = kvkit::preemption_mode::swap,
-             .host_blocks = 16});
+  rig<> r = swap_rig(13, 0, 44);
   REQUIRE(r.sched.add_request({1, prompt_of(40), 2, 0}).ok());
   REQUIRE(r.sched.add_request({2, prompt_of(40), 1, 0}).ok());
   bool swapped_out = false;
@@ -597,13 +590,15 @@ TEST_CASE("a request swapped out mid-prefill comes back though the cache holds m
 
 TEST_CASE("a request that fills the pool runs with lookahead: no draft slots past its last token",
           "[scheduler]") {
-  // 8 prompt tokens and 8 new ones fill 4 blocks of 4, the pool's 5 less the spare; its decodes
-  // near the end take fewer draft slots, so lookahead needs no room of its own.
+  // 8 prompt tokens and 9 new ones: all but the last new one (sampled, never computed) fill 4
+  // blocks of 4, the pool's 5 less the spare; its decodes near the end take fewer draft slots,
+  // so lookahead needs no room of its own.
   rig r(5, {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
-  REQUIRE(r.sched.add_request({1, prompt_of(8), 8, 0}).ok());
+  REQUIRE(r.sched.add_request({1, prompt_of(8), 9, 0}).ok());
+  CHECK(r.sched.add_request({2, prompt_of(8), 10, 0}).error() == errc::out_of_blocks);
   const auto out = r.run(100);
   REQUIRE(out.contains(1));
-  CHECK(out.at(1).size() == 8);
+  CHECK(out.at(1).size() == 9);
   CHECK_FALSE(r.sched.has_work());
   CHECK(r.pool.num_used() == 0);
 }

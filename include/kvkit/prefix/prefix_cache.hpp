@@ -137,9 +137,9 @@ public:
     }
   }
 
-  //! Whether this cache is its pool's eviction callback (false where the pool had another cache
-  //! when this one was made, or where something else has replaced it since): only then does it
-  //! find and hand out blocks.
+  //! Whether this cache is its pool's eviction callback (false where the pool had another cache,
+  //! or an eviction callback of the engine's, when this one was made, or where something else has
+  //! replaced it since): only then does it find and hand out blocks.
   [[nodiscard]] bool attached() const noexcept { return pool_->eviction_context() == this; }
 
   [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }

@@ -208,9 +208,9 @@ struct bf16_codec : detail::float16_passthrough<true> {};
 template <fp8_format Format>
 struct fp8_codec {
   struct params {
-    float scale = 1.0F; // a positive normal float, so that 1 / scale is finite (the reference
-                        // checks; the GPU launchers take the scales on the device and check
-                        // only that they are given; a subnormal one codes 0 as NaN)
+    float scale = 1.0F; // a positive normal float (the reference checks; the GPU launchers take
+                        // the scales on the device and check only that they are given): from
+                        // 2^-128 down, 1 / scale is infinite and 0 codes as NaN
     float inv = 1.0F;   // 1 / scale
   };
   //! Parameters for a calibrated scale.
@@ -223,7 +223,7 @@ struct fp8_codec {
   KVKIT_HOST_DEVICE static params fit(const float* xs, std::int32_t n) {
     const float amax = detail::finite_amax(xs, n);
     // Values so small that max|x| / fp8_max is subnormal take the smallest normal scale instead
-    // (1 / a subnormal scale is infinite, and 0 * inf codes zeros as NaN).
+    // (the scale's reciprocal is infinite from 2^-128 down, and 0 * inf codes zeros as NaN).
     const float scale = amax / fp8_max(Format);
     return with_scale(amax > 0.0F ? (scale >= FLT_MIN ? scale : FLT_MIN) : 1.0F);
   }

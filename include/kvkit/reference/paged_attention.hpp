@@ -48,7 +48,8 @@ double read(const Layout& l, const std::byte* data, const std::byte* params, con
 //! h / (num_q_heads / num_kv_heads) (GQA; MQA when there is one KV head). `cache` holds
 //! `num_cache_pages` pages of `layout.bytes_per_page()` bytes for one layer; `static_scales`
 //! [2][num_kv_heads] for fp8 codecs. Errors: bad_argument (shapes, null pointers, a sequence with
-//! more queries than tokens, missing fp8 scales), invalid_block (a page id outside the cache).
+//! more queries than tokens, missing fp8 scales or ones that are not positive normal floats),
+//! invalid_block (a page id outside the cache).
 template <class Layout>
 [[nodiscard]] status
 paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_cache_pages,

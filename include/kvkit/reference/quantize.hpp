@@ -152,7 +152,7 @@ bool page_args_ok(const Layout& layout, std::int32_t num_tokens, const void* k, 
 //! ([2][num_kv_heads]: K's then V's) is required by static-scale codecs (fp8) and ignored
 //! otherwise. Per-channel codecs fit their parameters over the `num_tokens` tokens given.
 //! Errors: bad_argument (invalid layout, num_tokens outside 0..page_size, null pointers, missing
-//! or non-positive static scales).
+//! static scales or ones that are not positive normal floats).
 template <class Layout>
 [[nodiscard]] status quantize_page(const Layout& layout, const float* k, const float* v,
                                    std::int32_t num_tokens, std::byte* page,

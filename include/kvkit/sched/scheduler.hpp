@@ -137,9 +137,9 @@ public:
   //! Queues a request. Errors: bad_argument (invalid config, the table's and the prefix index's
   //! block sizes differ, a table (where it names its allocator) over another allocator than the
   //! scheduler's, a prefix cache not attached to its pool (prefix_cache::attached), empty
-  //! prompt, max_new_tokens < 1), duplicate_sequence (the id is queued,
-  //! running or in the block table), out_of_blocks (its prompt and all its output could never fit
-  //! in the allocator, even alone).
+  //! prompt, max_new_tokens < 1), duplicate_sequence (the id is queued, running or in the block
+  //! table), out_of_blocks (its prompt and its output but the last token could never fit in the
+  //! allocator, even alone).
   [[nodiscard]] status add_request(request r) {
     if (!config_.validate().ok() || table_->block_size() != cache_->block_size() ||
         r.prompt.empty() || r.max_new_tokens < 1) {
@@ -162,8 +162,9 @@ public:
     if (requests_.contains(r.id) || table_->contains(r.id)) {
       return errc::duplicate_sequence;
     }
-    // Its table's longest: a decode takes no draft slots past the tokens it may still generate.
-    const std::int64_t longest = static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens;
+    // Its table's longest: the prompt and every generated token but the last, which is sampled
+    // and never computed (a decode takes no draft slots past the tokens it may still generate).
+    const std::int64_t longest = static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens - 1;
     if (longest > std::int64_t{1} << 30 ||
         blocks_for_tokens(static_cast<std::int32_t>(longest), table_->block_size()) + 1 >
             allocator_->capacity()) {
