@@ -76,6 +76,22 @@ std::vector<token_id> prompt_of(std::int32_t n, token_id first = 1) {
   return p;
 }
 
+// Lookahead 3 over 64 blocks: request 1 (a 6-token prompt, at most `max_new` new tokens) is
+// prefilled and samples token 7; returns the plan of the step after, its first decode.
+const kvkit::step_plan& first_decode_with_lookahead(rig<>& r, std::int32_t max_new) {
+  REQUIRE(r.sched.add_request({1, prompt_of(6), max_new, 0}).ok());
+  (void)r.sched.step();
+  const std::vector<token_id> first{7};
+  const kvkit::sample_result s0{1, first, false};
+  REQUIRE(r.sched.complete_step(std::span(&s0, 1)).ok());
+  return r.sched.step();
+}
+
+rig<> lookahead_rig() {
+  return rig<>(64,
+               {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
+}
+
 } // namespace
 
 TEST_CASE("a request prefills in chunks, decodes, finishes and gives its blocks back",
@@ -197,13 +213,8 @@ TEST_CASE("priority policy admits the important request first", "[scheduler]") {
 }
 
 TEST_CASE("speculative lookahead reserves slots and rolls back the rejected ones", "[scheduler]") {
-  rig r(64, {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
-  REQUIRE(r.sched.add_request({1, prompt_of(6), 10, 0}).ok());
-  (void)r.sched.step();
-  const std::vector<token_id> first{7};
-  const kvkit::sample_result s0{1, first, false};
-  REQUIRE(r.sched.complete_step(std::span(&s0, 1)).ok());
-  const auto& plan = r.sched.step();
+  rig<> r = lookahead_rig();
+  const auto& plan = first_decode_with_lookahead(r, 10);
   REQUIRE(plan.batch.size() == 1);
   CHECK(plan.batch[0].decode);
   CHECK(plan.batch[0].num_tokens == 4); // the last token plus 3 draft slots
@@ -503,14 +514,9 @@ TEST_CASE("a decode whose draft slots the budget left cannot hold lets the reque
 
 TEST_CASE("a decode takes no draft slots past the tokens the request may still generate",
           "[scheduler]") {
-  rig r(64, {.max_running = 2, .max_batched_tokens = 64, .prefill_chunk = 64, .lookahead = 3});
-  REQUIRE(r.sched.add_request({1, prompt_of(6), 3, 0}).ok());
-  (void)r.sched.step();
-  const std::vector<token_id> first{7};
-  const kvkit::sample_result s0{1, first, false};
-  REQUIRE(r.sched.complete_step(std::span(&s0, 1)).ok());
+  rig<> r = lookahead_rig();
   // Two tokens more at most: the last one and one draft slot, not three.
-  const auto& plan = r.sched.step();
+  const auto& plan = first_decode_with_lookahead(r, 3);
   REQUIRE(plan.batch.size() == 1);
   CHECK(plan.batch[0].decode);
   CHECK(plan.batch[0].num_tokens == 2);
