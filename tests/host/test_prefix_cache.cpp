@@ -9,6 +9,7 @@
 #include "kvkit/block/block_pool.hpp"
 #include "kvkit/block/block_table.hpp"
 #include "kvkit/prefix/prefix_cache.hpp"
+#include "kvkit/testing/block_mapping_archetype.hpp"
 
 using kvkit::block_id;
 using kvkit::block_pool;
@@ -419,6 +420,30 @@ TEST_CASE("bad input is rejected and changes nothing", "[prefix_cache]") {
   CHECK(cache.admit(table, 4, prompt).error() == errc::duplicate_sequence);
   CHECK(cache.publish(4, *table.blocks(4), iota_tokens(7, 900)).error() == errc::bad_argument);
   CHECK(cache.truncate(4, -1).error() == errc::bad_argument);
+  CHECK(pool.check_consistency());
+}
+
+TEST_CASE("an admission its mapping refuses after the match leaves the statistics as they were",
+          "[prefix_cache]") {
+  // A mapping that names no allocator skips admit's pool check; this one refuses every adoption,
+  // after the match has counted the query and revived the hit blocks.
+  block_pool pool(8);
+  table_t table(pool, 1);
+  kvkit::prefix_cache<> cache(pool, 1);
+  serve_and_finish(cache, table, 1, iota_tokens(4));
+  const auto before = cache.stats();
+  const auto evictable_before = pool.num_evictable();
+  kvkit::testing::block_mapping_archetype refusing(0);
+  REQUIRE(cache.probe(iota_tokens(4)).num_blocks == 3);
+  CHECK(cache.admit(refusing, 2, iota_tokens(4)).error() == errc::bad_argument);
+  const auto after = cache.stats();
+  CHECK(after.queries == before.queries);
+  CHECK(after.query_tokens == before.query_tokens);
+  CHECK(after.hit_tokens == before.hit_tokens);
+  CHECK(after.hit_blocks == before.hit_blocks);
+  CHECK(after.partial_hits == before.partial_hits);
+  CHECK_FALSE(cache.tracks(2));
+  CHECK(pool.num_evictable() == evictable_before);
   CHECK(pool.check_consistency());
 }
 

@@ -204,7 +204,9 @@ public:
   //! tokens to compute (`tokens.size() - hit.num_tokens` of them) into `slots` unless it is empty.
   //! All or nothing: errors are those of `match`, plus duplicate_sequence when `table` has `s`,
   //! bad_argument when the block sizes differ or `table` (where it names its allocator) takes its
-  //! blocks from another pool, out_of_blocks, buffer_too_small.
+  //! blocks from another pool, out_of_blocks, buffer_too_small. (A mapping that names no
+  //! allocator is not checked against the pool first; where it then refuses the hit or the
+  //! appended blocks, the hit blocks rejoin the eviction order as the most recently released.)
   template <block_mapping Mapping>
   [[nodiscard]] result<admission> admit(Mapping& table, seq_id s, std::span<const token_id> tokens,
                                         std::span<const std::byte> extra = {},
@@ -241,12 +243,14 @@ public:
     const std::span<const block_id> hit(scratch_.data(), static_cast<std::size_t>(m->num_blocks));
     if (const status adopted = table.adopt_sequence(s, hit, m->num_tokens); !adopted) {
       undo_match(s, hit);
+      uncount_match(len, *m);
       return adopted.error();
     }
     auto appended = table.append_tokens(s, rest, slots);
     if (!appended) {
       (void)table.free(s); // gives back the matched references
       (void)forget(s);
+      uncount_match(len, *m);
       return appended.error();
     }
     return admission{*m, *appended};
@@ -794,6 +798,15 @@ private:
   }
 
   // Gives back the references a match took and stops tracking (admission that failed late).
+  // Takes a query of `len` tokens that matched `m` back out of the statistics.
+  void uncount_match(std::int32_t len, const prefix_match& m) noexcept {
+    --stats_.queries;
+    stats_.query_tokens -= len;
+    stats_.hit_tokens -= m.num_tokens;
+    stats_.hit_blocks -= m.num_blocks;
+    stats_.partial_hits -= m.partial_last ? 1 : 0;
+  }
+
   void undo_match(seq_id s, std::span<const block_id> blocks) {
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
       [[maybe_unused]] const status released = pool_->release(*it);
