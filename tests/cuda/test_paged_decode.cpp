@@ -2,12 +2,12 @@
 // poisoned before every launch, relative-error bounds per codec; partial last pages, length 1,
 // page sizes 1 to 128, wildly different lengths in one batch, split and unsplit paths, GQA groups
 // 1 to 16, head dims 64/128/256, window, soft cap, the graph-safe mode under CUDA graph replay,
-// and the debug page-id check. fp8, int8 and int4 cases at head dim up to 128 run both decode
-// kernels: the two-tile one where the grid has at most one block per SM (one split or a few), where
-// the plan chose it (int8 wherever the longest sequence has 2048 keys or more; int8 and int4
-// where two blocks per SM make one wave) or, for fp8, where whole sequences of 2048 keys or more
-// make one wave of two blocks per SM and where a plan's splits taken two at a time do, the
-// one-tile one elsewhere.
+// the debug page-id check, and int4 groups out to and beyond fp16's range. fp8, int8 and int4 cases
+// at head dim up to 128 run both decode kernels: the two-tile one where the grid has at most one
+// block per SM (one split or a few), where the plan chose it (int8 wherever the longest sequence
+// has 2048 keys or more; int8 and int4 where two blocks per SM make one wave) or, for fp8, where
+// whole sequences of 2048 keys or more make one wave of two blocks per SM and where a plan's splits
+// taken two at a time do, the one-tile one elsewhere.
 
 #include <algorithm>
 #include <cmath>
@@ -73,8 +73,12 @@ struct problem {
   std::vector<float> scales; // [2][kv_heads] for fp8, else empty
   std::mt19937_64 rng;
   std::vector<std::int32_t> free_pages;
+  // Where positive, every 50th token of a sequence (from its fourth) takes K and V values of this
+  // magnitude, without K's outliers (at most 3.5 times it).
+  float big = 0.0F;
 
-  problem(Layout l, std::int32_t cap, std::uint64_t seed) : layout(l), capacity(cap), rng(seed) {
+  problem(Layout l, std::int32_t cap, std::uint64_t seed, float big_values = 0.0F)
+      : layout(l), capacity(cap), rng(seed), big(big_values) {
     cache.assign(static_cast<std::size_t>(cap * layout.bytes_per_page()), std::byte{0xEE});
     free_pages.resize(static_cast<std::size_t>(cap));
     std::iota(free_pages.begin(), free_pages.end(), 0);
@@ -104,8 +108,10 @@ struct problem {
       std::vector<float> v(k.size());
       for (std::size_t e = 0; e < k.size(); ++e) {
         const bool outlier = (e % static_cast<std::size_t>(layout.head_dim())) % 37 == 5;
-        k[e] = d() * (outlier ? 3.0F : 1.0F);
-        v[e] = d();
+        const std::int32_t token = i * p + static_cast<std::int32_t>(e) / width;
+        const float magnitude = big > 0.0F && token % 50 == 3 ? big : 1.0F;
+        k[e] = d() * (outlier && magnitude == 1.0F ? 3.0F : magnitude);
+        v[e] = d() * magnitude;
       }
       REQUIRE(kvkit::reference::quantize_page(
                   layout, k.data(), v.data(), count,
@@ -263,9 +269,9 @@ template <int D, class Layout, class T>
 merged check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
                     std::uint64_t seed, const kvkit::attention_options& options = {},
                     std::int32_t sm_count = 132, bool clusters_fit = true,
-                    std::int32_t smem_optin = -1) {
+                    std::int32_t smem_optin = -1, float big_values = 0.0F) {
   const std::int32_t q_heads = group * layout.num_kv_heads();
-  problem<Layout> pr(layout, pages_for(layout, lens) + 7, seed);
+  problem<Layout> pr(layout, pages_for(layout, lens) + 7, seed, big_values);
   const auto step = pr.template make_step<T>(lens, q_heads);
   const kvkit::decode_shape shape = kvkit::decode_shape_for(
       layout, static_cast<std::int32_t>(lens.size()), q_heads, options.window);
@@ -577,6 +583,46 @@ TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][d
           {16, 2, 64}, 1, lens, s + 3, o, sms);
     }
   }
+}
+
+TEST_CASE("paged_decode: int4 groups of any range decode as the reference does", "[cuda][decode]") {
+  // Every 50th token's K and V are scaled up among tokens of unit size in the same tiles and steps:
+  // by 17000 (values to about ±60000: scales near 6000, zero points near -50000, which the loop's
+  // fp16 parameters hold only quartered), or by 100000 (beyond fp16: the codec saturates its
+  // parameters, scales near 47000, held only divided by 32). The logit scale keeps their logits
+  // near 1 to 10. Every int4 loop: the one-tile kernel (head dims 64, 128, 256; NHD and HND
+  // pages), the two-tile kernel (one block per SM), the eight-warp kernel, and an int4 V beside an
+  // int8 K. fp16 outputs take the smaller values only (their weighted means must fit fp16).
+  const std::uint64_t seed = kvkit_test::test_seed(0xB16);
+  const std::vector<std::int32_t> lens{1, 4, 200, 3000};
+  const kvkit::attention_options o{1e-5F, 0, 0.0F};
+  const kvkit::attention_options o_beyond{1e-6F, 0, 0.0F};
+  constexpr float big = 17000.0F;
+  constexpr float beyond = 100000.0F;
+  for (const std::int32_t sms : {1, 132, 4096}) {
+    const std::uint64_t s = seed + static_cast<std::uint64_t>(sms);
+    for (const float m : {big, beyond}) {
+      const auto& opt = m == big ? o : o_beyond;
+      check_decode<128, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+          {16, 4, 128}, 4, lens, s, opt, sms, true, -1, m);
+      check_decode<
+          128,
+          paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>,
+          __nv_bfloat16>({16, 4, 128}, 8, lens, s + 1, opt, sms, true, -1, m);
+      check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+          {16, 4, 64}, 1, lens, s + 2, opt, sms, true, -1, m);
+    }
+    check_decode<256, paged_layout<kvkit::int4_group_codec<32>>, __half>(
+        {16, 2, 256}, 4, lens, s + 3, o, sms, true, -1, big);
+    check_decode<128, paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<64>>, __half>(
+        {16, 4, 128}, 4, lens, s + 4, o, sms, true, -1, big);
+  }
+  using int4_hnd =
+      paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, kv_order::hnd>;
+  check_decode<128, int4_hnd, __nv_bfloat16>({16, 8, 128}, 4, {2047}, seed + 5, o, 132, true, -1,
+                                             big);
+  check_decode<128, int4_hnd, __nv_bfloat16>({16, 8, 128}, 4, {2047}, seed + 6, o_beyond, 132, true,
+                                             -1, beyond);
 }
 
 TEST_CASE("paged_decode: a cluster merge where some blocks own no outputs or have no keys",

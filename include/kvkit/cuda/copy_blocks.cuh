@@ -36,8 +36,8 @@ struct page_copies {
 //! non-positive page size or one that is not a multiple of 16, a negative pair count, null
 //! pointers when there is work, or the debug mode without positive capacities. Page ids must lie
 //! inside both caches (checked on the device only in the debug mode, page_copies::page_check),
-//! and no page may be both a source and a destination of one batch (block_table's copy lists
-//! never are).
+//! and no page may be both a source and a destination of one batch, nor the destination of two
+//! pairs (block_table's copy lists never are).
 [[nodiscard]] inline status validate(const page_copies& c) {
   if (c.num_layers <= 0 || c.num_layers > detail::max_grid_rows || c.bytes_per_page <= 0 ||
       c.bytes_per_page % 16 != 0 || c.num_pairs < 0) {

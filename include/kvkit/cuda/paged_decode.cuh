@@ -405,7 +405,9 @@ __device__ inline std::uint32_t int4_pair_biased(std::uint32_t x) {
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(y), "r"(0x03C003C0U), "r"(0x3C003C00U));
   return r;
 }
-// (16 scale, zero - 16 scale) pairs from (scale, zero) pairs.
+// (16 scale, zero - 16 scale) pairs from (scale, zero) pairs. Both stay inside fp16 while the
+// scale is below 2048 and the zero point within ±16384 (int4_fits); the decode loop scales down
+// the parameters of a step that holds a group beyond (int4_scaled).
 __device__ inline void int4_params(std::uint32_t s2, std::uint32_t z2, std::uint32_t& s16,
                                    std::uint32_t& z16) {
   constexpr std::uint32_t f16_16 = 0x4C004C00U;    // 16.0 in both halves
@@ -414,6 +416,37 @@ __device__ inline void int4_params(std::uint32_t s2, std::uint32_t z2, std::uint
   const __half2 a = __hmul2(s, *reinterpret_cast<const __half2*>(&f16_16));
   s16 = *reinterpret_cast<const std::uint32_t*>(&a);
   z16 = hfma2(s2, f16_neg16, z2);
+}
+
+// The largest |scale| and |zero| of an int4 (scale, zero) word and `most` (fp16 halves; NaN
+// ignored).
+__device__ inline std::uint32_t int4_extent(std::uint32_t most, std::uint32_t w) {
+  const __half2 r = __hmax2(*reinterpret_cast<const __half2*>(&most),
+                            __habs2(*reinterpret_cast<const __half2*>(&w)));
+  return *reinterpret_cast<const std::uint32_t*>(&r);
+}
+// Whether int4_params keeps every (scale, zero) word whose extents are `most` in fp16, and its
+// values c * scale + zero too: a scale below 2048 and a zero point within ±16384 keep
+// |zero - 16 scale| below 49152 and the values below 47104.
+__device__ inline bool int4_fits(std::uint32_t most) {
+  constexpr std::uint32_t limits = 0x74006800U; // (2048, 16384) as (scale, zero)
+  return __hblt2(*reinterpret_cast<const __half2*>(&most),
+                 *reinterpret_cast<const __half2*>(&limits));
+}
+// Whether the words whose extents are `most` fit int4_params once quartered: a scale below 8192
+// (any zero point fp16 holds then leaves |zero - 16 scale| / 4 below 49144 and the values below
+// 47096). Otherwise they fit once divided by 32: |zero - 16 scale| / 32 below 34800 and the values
+// below 32752 for any pair fp16 holds (the codecs' largest scale is 65504, for a group beyond
+// fp16's range; 8736 within it).
+__device__ inline bool int4_quarter_fits(std::uint32_t most) {
+  return (most & 0xFFFFU) < 0x7000U; // the scale's half, |scale| < 8192
+}
+// A (scale, zero) word times `by` (a power of two below 1 in both halves), exactly but where it
+// falls below fp16's normal range.
+__device__ inline std::uint32_t int4_scaled(std::uint32_t w, std::uint32_t by) {
+  const __half2 r =
+      __hmul2(*reinterpret_cast<const __half2*>(&w), *reinterpret_cast<const __half2*>(&by));
+  return *reinterpret_cast<const std::uint32_t*>(&r);
 }
 
 // ---- how each codec's codes become MMA operands -----------------------------------------------
@@ -1628,6 +1661,58 @@ __global__ void __launch_bounds__(
       write_stage = write_stage + KT >= stages ? write_stage + KT - stages : write_stage + KT;
     }
 
+    // An int4 group of the step beyond int4_fits (a range of about 30700 or more, or a zero point
+    // beyond ±16384) would overflow int4_params: then the step's int4 parameters are divided by 4
+    // (by 32 where a scale reaches 8192) and its logits (K) or probabilities (V) multiplied by the
+    // same in float, which gives the same attention. One max a parameter word, and a vote, a step.
+    bool scaled = false;
+    float undo = 1.0F; // what the step's int4 parameters were divided by
+    if constexpr (kf::grouped || vf::grouped) {
+      std::uint32_t most = 0;
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt) {
+        if constexpr (kf::grouped) {
+#pragma unroll
+          for (int tk = 0; tk < 2; ++tk) {
+#pragma unroll
+            for (int w = 0; w < kf::k_param_words; ++w) {
+              most = int4_extent(most, kp[kt][tk][w]);
+            }
+          }
+        }
+        if constexpr (vf::grouped) {
+#pragma unroll
+          for (int tv = 0; tv < 4; ++tv) {
+            most = int4_extent(most, vp[kt][tv]);
+          }
+        }
+      }
+      scaled = __any_sync(0xFFFFFFFFU, !int4_fits(most));
+      if (scaled) {
+        const bool quarter = __all_sync(0xFFFFFFFFU, int4_quarter_fits(most));
+        undo = quarter ? 4.0F : 32.0F;
+        const std::uint32_t by = quarter ? 0x34003400U : 0x28002800U; // 1/4 or 1/32, both halves
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          if constexpr (kf::grouped) {
+#pragma unroll
+            for (int tk = 0; tk < 2; ++tk) {
+#pragma unroll
+              for (int w = 0; w < kf::k_param_words; ++w) {
+                kp[kt][tk][w] = int4_scaled(kp[kt][tk][w], by);
+              }
+            }
+          }
+          if constexpr (vf::grouped) {
+#pragma unroll
+            for (int tv = 0; tv < 4; ++tv) {
+              vp[kt][tv] = int4_scaled(vp[kt][tv], by);
+            }
+          }
+        }
+      }
+    }
+
     // S^T = K Q^T: rows are keys g and g+8, columns the heads 2i, 2i+1 of each head tile. The
     // even and odd k-steps accumulate apart, so the MMAs form two chains of ksteps/2 that
     // overlap instead of one of ksteps (a B=1 warp has no other warp to hide the wait behind;
@@ -1684,7 +1769,7 @@ __global__ void __launch_bounds__(
       const std::int32_t first_key = tile_start(t + kt);
 #pragma unroll
       for (int tk = 0; tk < 2; ++tk) {
-        key_scale[kt][tk] = logit_scale;
+        key_scale[kt][tk] = kf::grouped && scaled ? undo * logit_scale : logit_scale;
         if constexpr (kf::per_token) {
           key_scale[kt][tk] *= __uint_as_float(kp[kt][tk][0]);
         }
@@ -1782,6 +1867,11 @@ __global__ void __launch_bounds__(
           const float sv0 = __uint_as_float(vp[kt][0]);
           const float sv1 = __uint_as_float(vp[kt][1]);
           pr[kt][0] *= sv0, pr[kt][1] *= sv0, pr[kt][2] *= sv1, pr[kt][3] *= sv1;
+        }
+        if constexpr (vf::grouped) {
+          if (scaled) {
+            pr[kt][0] *= undo, pr[kt][1] *= undo, pr[kt][2] *= undo, pr[kt][3] *= undo;
+          }
         }
         pb[kt][nt][0] = transpose8x8(narrow_pair<vmma>(pr[kt][0], pr[kt][1]));
         pb[kt][nt][1] = transpose8x8(narrow_pair<vmma>(pr[kt][2], pr[kt][3]));
