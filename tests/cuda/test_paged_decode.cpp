@@ -590,39 +590,65 @@ TEST_CASE("paged_decode: int4 groups of any range decode as the reference does",
   // by 17000 (values to about ±60000: scales near 6000, zero points near -50000, which the loop's
   // fp16 parameters hold only quartered), or by 100000 (beyond fp16: the codec saturates its
   // parameters, scales near 47000, held only divided by 32). The logit scale keeps their logits
-  // near 1 to 10. Every int4 loop: the one-tile kernel (head dims 64, 128, 256; NHD and HND
-  // pages), the two-tile kernel (one block per SM), the eight-warp kernel, and an int4 V beside an
-  // int8 K. fp16 outputs take the smaller values only (their weighted means must fit fp16).
+  // near 1 to 10. Every int4 loop: the eight-warp kernel (1 SM: a grid of at most one block an
+  // SM; and one sequence of 2047 keys over 8 KV heads), the two-tile kernel (16 SMs: one wave of
+  // two blocks an SM; and whole sequences of 2048 keys, its four-stage build), the one-tile kernel
+  // (132 and 4096 SMs), at head dims 64, 128 (one and two query tiles) and 256, NHD and HND pages,
+  // and an int4 V beside an int8 K. Where the outputs are fp16, the values beyond fp16 come in
+  // sequences of 200 keys or more with logits near 0, so that the outputs' weighted means fit.
   const std::uint64_t seed = kvkit_test::test_seed(0xB16);
   const std::vector<std::int32_t> lens{1, 4, 200, 3000};
+  const std::vector<std::int32_t> long_lens{200, 3000};
   const kvkit::attention_options o{1e-5F, 0, 0.0F};
   const kvkit::attention_options o_beyond{1e-6F, 0, 0.0F};
+  const kvkit::attention_options o_flat{1e-8F, 0, 0.0F};
   constexpr float big = 17000.0F;
   constexpr float beyond = 100000.0F;
-  for (const std::int32_t sms : {1, 132, 4096}) {
-    const std::uint64_t s = seed + static_cast<std::uint64_t>(sms);
+  using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
+  using int4_hnd =
+      paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
+  using int4_128_hnd =
+      paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, kv_order::hnd>;
+  using int8_k_int4_v = paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<64>>;
+  const int4_nhd nhd(16, 4, 128);
+  const int4_hnd hnd(16, 4, 128);
+  const int4_nhd nhd64(16, 4, 64);
+  for (const auto& [shape, name] :
+       {std::pair{kvkit::decode_shape_for(nhd, 4, 16), "NHD, group 4"},
+        std::pair{kvkit::decode_shape_for(hnd, 4, 32), "HND, group 8"},
+        std::pair{kvkit::decode_shape_for(nhd64, 4, 4), "head dim 64"}}) {
+    INFO(name);
+    const auto plan = kvkit::plan_decode(shape, lens, 16);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->two_tiles);
+  }
+  for (const std::int32_t sms : {1, 16, 132, 4096}) {
+    const std::uint64_t s = seed + static_cast<std::uint64_t>(sms) * 10;
     for (const float m : {big, beyond}) {
       const auto& opt = m == big ? o : o_beyond;
-      check_decode<128, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
-          {16, 4, 128}, 4, lens, s, opt, sms, true, -1, m);
-      check_decode<
-          128,
-          paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>,
-          __nv_bfloat16>({16, 4, 128}, 8, lens, s + 1, opt, sms, true, -1, m);
-      check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
-          {16, 4, 64}, 1, lens, s + 2, opt, sms, true, -1, m);
+      for (const std::int32_t group : {4, 16}) {
+        check_decode<128, int4_nhd, __nv_bfloat16>(nhd, group, lens, s + group, opt, sms, true, -1,
+                                                   m);
+      }
+      check_decode<128, int4_hnd, __nv_bfloat16>(hnd, 8, lens, s + 1, opt, sms, true, -1, m);
+      check_decode<64, int4_nhd, __nv_bfloat16>(nhd64, 1, lens, s + 2, opt, sms, true, -1, m);
     }
-    check_decode<256, paged_layout<kvkit::int4_group_codec<32>>, __half>(
-        {16, 2, 256}, 4, lens, s + 3, o, sms, true, -1, big);
-    check_decode<128, paged_layout<kvkit::int8_codec, kvkit::int4_group_codec<64>>, __half>(
-        {16, 4, 128}, 4, lens, s + 4, o, sms, true, -1, big);
-  }
-  using int4_hnd =
-      paged_layout<kvkit::int4_group_codec<128>, kvkit::int4_group_codec<128>, kv_order::hnd>;
-  check_decode<128, int4_hnd, __nv_bfloat16>({16, 8, 128}, 4, {2047}, seed + 5, o, 132, true, -1,
-                                             big);
-  check_decode<128, int4_hnd, __nv_bfloat16>({16, 8, 128}, 4, {2047}, seed + 6, o_beyond, 132, true,
+    check_decode<256, int4_nhd, __half>({16, 2, 256}, 4, lens, s + 3, o, sms, true, -1, big);
+    check_decode<256, int4_nhd, __half>({16, 2, 256}, 4, long_lens, s + 5, o_flat, sms, true, -1,
+                                        beyond);
+    check_decode<128, int8_k_int4_v, __half>({16, 4, 128}, 4, lens, s + 6, o, sms, true, -1, big);
+    check_decode<128, int8_k_int4_v, __half>({16, 4, 128}, 4, long_lens, s + 7, o_flat, sms, true,
                                              -1, beyond);
+  }
+  check_decode<128, int4_128_hnd, __nv_bfloat16>({16, 8, 128}, 4, {2047}, seed + 1, o, 132, true,
+                                                 -1, big);
+  check_decode<128, int4_128_hnd, __nv_bfloat16>({16, 8, 128}, 4, {2047}, seed + 2, o_beyond, 132,
+                                                 true, -1, beyond);
+  // As "int4 blocks of 2048 keys on the two-tile kernel's shallow build" (whose plan takes two
+  // tiles of 2048-key blocks for these lengths).
+  check_decode<128, int4_hnd, __nv_bfloat16>({16, 8, 128}, 8,
+                                             kvkit_test::lengths_below(32, 2048, 37, 64), seed + 3,
+                                             o_beyond, 132, true, -1, beyond);
 }
 
 TEST_CASE("paged_decode: a cluster merge where some blocks own no outputs or have no keys",
