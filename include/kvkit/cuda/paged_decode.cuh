@@ -1668,30 +1668,8 @@ __global__ void __launch_bounds__(
     bool scaled = false;
     float undo = 1.0F; // what the step's int4 parameters were divided by
     if constexpr (kf::grouped || vf::grouped) {
-      std::uint32_t most = 0;
-#pragma unroll
-      for (int kt = 0; kt < KT; ++kt) {
-        if constexpr (kf::grouped) {
-#pragma unroll
-          for (int tk = 0; tk < 2; ++tk) {
-#pragma unroll
-            for (int w = 0; w < kf::k_param_words; ++w) {
-              most = int4_extent(most, kp[kt][tk][w]);
-            }
-          }
-        }
-        if constexpr (vf::grouped) {
-#pragma unroll
-          for (int tv = 0; tv < 4; ++tv) {
-            most = int4_extent(most, vp[kt][tv]);
-          }
-        }
-      }
-      scaled = __any_sync(0xFFFFFFFFU, !int4_fits(most));
-      if (scaled) {
-        const bool quarter = __all_sync(0xFFFFFFFFU, int4_quarter_fits(most));
-        undo = quarter ? 4.0F : 32.0F;
-        const std::uint32_t by = quarter ? 0x34003400U : 0x28002800U; // 1/4 or 1/32, both halves
+      // Calls f on each int4 (scale, zero) word the step's operands read.
+      const auto each_int4_word = [&](auto&& f) {
 #pragma unroll
         for (int kt = 0; kt < KT; ++kt) {
           if constexpr (kf::grouped) {
@@ -1699,17 +1677,26 @@ __global__ void __launch_bounds__(
             for (int tk = 0; tk < 2; ++tk) {
 #pragma unroll
               for (int w = 0; w < kf::k_param_words; ++w) {
-                kp[kt][tk][w] = int4_scaled(kp[kt][tk][w], by);
+                f(kp[kt][tk][w]);
               }
             }
           }
           if constexpr (vf::grouped) {
 #pragma unroll
             for (int tv = 0; tv < 4; ++tv) {
-              vp[kt][tv] = int4_scaled(vp[kt][tv], by);
+              f(vp[kt][tv]);
             }
           }
         }
+      };
+      std::uint32_t most = 0;
+      each_int4_word([&](std::uint32_t w) { most = int4_extent(most, w); });
+      scaled = __any_sync(0xFFFFFFFFU, !int4_fits(most));
+      if (scaled) {
+        const bool quarter = __all_sync(0xFFFFFFFFU, int4_quarter_fits(most));
+        undo = quarter ? 4.0F : 32.0F;
+        const std::uint32_t by = quarter ? 0x34003400U : 0x28002800U; // 1/4 or 1/32, both halves
+        each_int4_word([&](std::uint32_t& w) { w = int4_scaled(w, by); });
       }
     }
 
