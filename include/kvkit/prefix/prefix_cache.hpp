@@ -797,7 +797,6 @@ private:
     }
   }
 
-  // Gives back the references a match took and stops tracking (admission that failed late).
   // Takes a query of `len` tokens that matched `m` back out of the statistics.
   void uncount_match(std::int32_t len, const prefix_match& m) noexcept {
     --stats_.queries;
@@ -807,6 +806,7 @@ private:
     stats_.partial_hits -= m.partial_last ? 1 : 0;
   }
 
+  // Gives back the references a match took and stops tracking (admission that failed late).
   void undo_match(seq_id s, std::span<const block_id> blocks) {
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
       [[maybe_unused]] const status released = pool_->release(*it);
