@@ -175,27 +175,10 @@ public:
   [[nodiscard]] result<prefix_match> match(seq_id s, std::span<const token_id> tokens,
                                            std::span<const std::byte> extra,
                                            std::span<block_id> out, const retention& r = {}) {
-    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !valid(r) ||
-        !attached()) {
-      return errc::bad_argument;
+    const auto m = match_uncounted(s, tokens, extra, out, r);
+    if (m) {
+      count_match(static_cast<std::int32_t>(tokens.size()), *m);
     }
-    if (seqs_.contains(s)) {
-      return errc::duplicate_sequence;
-    }
-    const auto len = static_cast<std::int32_t>(tokens.size());
-    if (out.size() < static_cast<std::size_t>(max_match_blocks(len))) {
-      return errc::buffer_too_small;
-    }
-    sequence st{hasher_(block_key{}, {}, extra), {}, r};
-    // The sequence will key every full block of its prompt when it publishes: room for all now.
-    st.chain.reserve(static_cast<std::size_t>(len / block_size_));
-    const prefix_match m = walk<true>(tokens, st.root, out.data(), &st.chain);
-    seqs_.emplace(s, std::move(st));
-    ++stats_.queries;
-    stats_.query_tokens += len;
-    stats_.hit_tokens += m.num_tokens;
-    stats_.hit_blocks += m.num_blocks;
-    stats_.partial_hits += m.partial_last ? 1 : 0;
     return m;
   }
 
@@ -236,23 +219,22 @@ public:
       return errc::out_of_blocks;
     }
     scratch_.resize(static_cast<std::size_t>(max_match_blocks(len)));
-    const auto m = match(s, tokens, extra, scratch_, r);
+    const auto m = match_uncounted(s, tokens, extra, scratch_, r);
     if (!m) {
       return m.error();
     }
     const std::span<const block_id> hit(scratch_.data(), static_cast<std::size_t>(m->num_blocks));
     if (const status adopted = table.adopt_sequence(s, hit, m->num_tokens); !adopted) {
       undo_match(s, hit);
-      uncount_match(len, *m);
       return adopted.error();
     }
     auto appended = table.append_tokens(s, rest, slots);
     if (!appended) {
       (void)table.free(s); // gives back the matched references
       (void)forget(s);
-      uncount_match(len, *m);
       return appended.error();
     }
+    count_match(len, *m); // a query counts once it is admitted
     return admission{*m, *appended};
   }
 
@@ -797,13 +779,36 @@ private:
     }
   }
 
-  // Takes a query of `len` tokens that matched `m` back out of the statistics.
-  void uncount_match(std::int32_t len, const prefix_match& m) noexcept {
-    --stats_.queries;
-    stats_.query_tokens -= len;
-    stats_.hit_tokens -= m.num_tokens;
-    stats_.hit_blocks -= m.num_blocks;
-    stats_.partial_hits -= m.partial_last ? 1 : 0;
+  // `match` without counting the query in the statistics (admit counts it once admitted).
+  [[nodiscard]] result<prefix_match> match_uncounted(seq_id s, std::span<const token_id> tokens,
+                                                     std::span<const std::byte> extra,
+                                                     std::span<block_id> out, const retention& r) {
+    if (tokens.empty() || tokens.size() > static_cast<std::size_t>(max_tokens) || !valid(r) ||
+        !attached()) {
+      return errc::bad_argument;
+    }
+    if (seqs_.contains(s)) {
+      return errc::duplicate_sequence;
+    }
+    const auto len = static_cast<std::int32_t>(tokens.size());
+    if (out.size() < static_cast<std::size_t>(max_match_blocks(len))) {
+      return errc::buffer_too_small;
+    }
+    sequence st{hasher_(block_key{}, {}, extra), {}, r};
+    // The sequence will key every full block of its prompt when it publishes: room for all now.
+    st.chain.reserve(static_cast<std::size_t>(len / block_size_));
+    const prefix_match m = walk<true>(tokens, st.root, out.data(), &st.chain);
+    seqs_.emplace(s, std::move(st));
+    return m;
+  }
+
+  // Counts a query of `len` tokens that matched `m` in the statistics.
+  void count_match(std::int32_t len, const prefix_match& m) noexcept {
+    ++stats_.queries;
+    stats_.query_tokens += len;
+    stats_.hit_tokens += m.num_tokens;
+    stats_.hit_blocks += m.num_blocks;
+    stats_.partial_hits += m.partial_last ? 1 : 0;
   }
 
   // Gives back the references a match took and stops tracking (admission that failed late).
