@@ -1020,6 +1020,35 @@ TEST_CASE("paged_decode: an error of its own launch is returned and taken, and t
   check_steps(pr, steps, q_heads, got);
 }
 
+// A kernel's shared-memory limit belongs to the context, the launcher's answers to the device:
+// after a reset, the first launch of a kernel whose limit the launcher raised before fails, and
+// the launcher must raise the limit again and launch once more (a split bf16 sequence: a cluster
+// merge's launch, over the default 48 KB). Every case after this one runs in the new context.
+TEST_CASE("paged_decode: a decode after cudaDeviceReset raises its kernel's limit again",
+          "[cuda][decode]") {
+  const std::uint64_t seed = kvkit_test::test_seed(0x9E3);
+  const bf16_nhd layout(16, 2, 128);
+  const std::int32_t q_heads = 8;
+  problem<bf16_nhd> pr(layout, 64, seed);
+  const std::vector<kvkit_test::decode_step> steps{pr.make_step<__nv_bfloat16>({900, 17}, q_heads)};
+  const auto decode = [&] {
+    return kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+        layout, pr.cache, pr.capacity, {2, q_heads, 2, 128, 0}, steps, pr.scales, {},
+        kvkit_test::decode_mode{});
+  };
+  INFO("seed " << seed);
+  const auto before = decode();
+  INFO("before the reset: " << cudaGetErrorString(before.error));
+  REQUIRE(before.error == cudaSuccess);
+  check_steps(pr, steps, q_heads, before);
+  REQUIRE(cudaDeviceReset() == cudaSuccess);
+  const auto after = decode();
+  INFO("after the reset: " << cudaGetErrorString(after.error));
+  REQUIRE(after.error == cudaSuccess);
+  CHECK(after.max_splits > 1);
+  check_steps(pr, steps, q_heads, after);
+}
+
 // A quantized cache's one-wave grid of split sequences, launched as a programmatic dependent with
 // the page table and the cache but each sequence's last page read ahead of its wait, while the
 // kernel before it writes the queries and the last pages late; two launches back to back, so
