@@ -569,17 +569,27 @@ TEST_CASE(
 
 TEST_CASE("a request swapped out mid-prefill comes back though the cache holds more of its prompt",
           "[scheduler]") {
-  // S shares A's 40-token prompt and is swapped out after its first 4 tokens. Once A is done the
-  // cache holds 9 evictable blocks of that prompt beyond S's one: S's swap-in takes only its own
-  // computed block from them and gives the rest back, so they must not count against it.
+  // S shares A's 40-token prompt and is swapped out after its first 4 tokens, when A's prompt is
+  // in the cache (9 blocks of it: 36 tokens): S comes back from the cache in the same step, as an
+  // admission would, and computes only the last 4 tokens of its prompt (it used to wait for A to
+  // finish and compute 36 again; and its swap-in, taking only its own computed block from the
+  // cache and giving the rest back, must not count those against it).
   rig<> r = swap_rig(13, 0, 44);
   REQUIRE(r.sched.add_request({1, prompt_of(40), 2, 0}).ok());
   REQUIRE(r.sched.add_request({2, prompt_of(40), 1, 0}).ok());
   bool swapped_out = false;
+  std::size_t swapped_in = 0;
+  std::vector<std::int32_t> computed_after; // S's tokens computed in each step from its swap-out
   std::map<seq_id, std::vector<token_id>> done;
   for (int step = 0; r.sched.has_work() && step < 50; ++step) {
     const auto& plan = r.sched.step();
+    swapped_in += plan.swap_in.size();
     swapped_out = swapped_out || !plan.swap_out.empty();
+    for (const auto& s : plan.batch) {
+      if (s.id == 2 && swapped_out) {
+        computed_after.push_back(s.num_tokens);
+      }
+    }
     std::vector<std::vector<token_id>> storage;
     const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
     REQUIRE(finished.ok());
@@ -588,8 +598,12 @@ TEST_CASE("a request swapped out mid-prefill comes back though the cache holds m
     }
   }
   REQUIRE(swapped_out);
-  CHECK_FALSE(r.sched.has_work()); // (it waited for good, with every step's plan empty)
+  CHECK_FALSE(r.sched.has_work());
   CHECK(done.size() == 2);
+  // It came back from the cache alone: no copy from the host, and of its prompt only what the
+  // cache does not hold computed again (not the 36 tokens after its own 4).
+  CHECK(swapped_in == 0);
+  CHECK(computed_after == std::vector<std::int32_t>{40 - 36});
   CHECK(r.sched.host_blocks_used() == 0);
   CHECK(r.pool.num_used() == 0);
 }
@@ -606,5 +620,109 @@ TEST_CASE("a request that fills the pool runs with lookahead: no draft slots pas
   REQUIRE(out.contains(1));
   CHECK(out.at(1).size() == 9);
   CHECK_FALSE(r.sched.has_work());
+  CHECK(r.pool.num_used() == 0);
+}
+
+namespace {
+
+// S (id 2, a 17-token prompt) and T (id 3: S's first 16 tokens, then its own), in 4-token blocks
+// of a 16-block pool; T shares S's 4 prompt blocks through the prefix cache. A (id 1, priority 1,
+// a 48-token prompt in chunks of 16) arrives while both decode, and its third chunk needs 4
+// blocks where 1 is free: T is preempted, which frees its one block of its own (the others are
+// S's too), then S. With `host_blocks` 5, T is swapped out (5 blocks) and S, whose 2 blocks of its
+// own no longer fit the tier, is preempted by recompute; with 16 both are swapped out.
+rig<kvkit::priority_first> shared_prefix_rig(std::int32_t host_blocks) {
+  return rig<kvkit::priority_first>(16, {.max_running = 3,
+                                         .max_batched_tokens = 64,
+                                         .prefill_chunk = 16,
+                                         .watermark_blocks = 0,
+                                         .preemption = kvkit::preemption_mode::swap,
+                                         .host_blocks = host_blocks});
+}
+
+// Runs `r` (from shared_prefix_rig) to its end, adding T at step 2 and A at step 4, and calls
+// on_step(step, plan) for each step's plan. Returns the outputs by id.
+template <class F>
+std::map<seq_id, std::vector<token_id>> run_shared_prefix(rig<kvkit::priority_first>& r,
+                                                          F on_step) {
+  REQUIRE(r.sched.add_request({2, prompt_of(17), 8, 0}).ok());
+  std::vector<token_id> t_prompt = prompt_of(16);
+  t_prompt.push_back(77);
+  std::map<seq_id, std::vector<token_id>> done;
+  for (int step = 0; r.sched.has_work() && step < 200; ++step) {
+    if (step == 2) {
+      REQUIRE(r.sched.add_request({3, t_prompt, 8, 0}).ok());
+    }
+    if (step == 4) {
+      REQUIRE(r.sched.add_request({1, prompt_of(48, 500), 4, 1}).ok());
+    }
+    const auto& plan = r.sched.step();
+    on_step(step, plan);
+    std::vector<std::vector<token_id>> storage;
+    const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
+    REQUIRE(finished.ok());
+    for (const auto& f : *finished) {
+      done[f.id] = f.generated;
+    }
+  }
+  return done;
+}
+
+} // namespace
+
+TEST_CASE("requests preempted together copy a block they share to the host once", "[scheduler]") {
+  rig<kvkit::priority_first> r = shared_prefix_rig(16);
+  bool both_out = false;
+  const auto done = run_shared_prefix(r, [&](int /*step*/, const kvkit::step_plan& plan) {
+    if (plan.preempted.size() == 2) {
+      // T's 5 blocks and S's 6, of which 4 are the same: 7 copies, 7 host blocks.
+      both_out = true;
+      CHECK(plan.swap_out.size() == 7);
+      std::vector<kvkit::block_id> from;
+      std::vector<kvkit::block_id> to;
+      for (const auto& c : plan.swap_out) {
+        from.push_back(c.src);
+        to.push_back(c.dst);
+      }
+      std::sort(from.begin(), from.end());
+      std::sort(to.begin(), to.end());
+      CHECK(std::adjacent_find(from.begin(), from.end()) == from.end());
+      CHECK(std::adjacent_find(to.begin(), to.end()) == to.end());
+      CHECK(r.sched.host_blocks_used() == 7);
+    }
+  });
+  REQUIRE(both_out);
+  CHECK(done.size() == 3);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(r.sched.host_blocks_used() == 0);
+  CHECK(r.pool.num_used() == 0);
+}
+
+TEST_CASE("a request preempted by recompute comes back before a newer swapped-out one",
+          "[scheduler]") {
+  // T (newer) is swapped out, S (older) preempted by recompute as the tier is full: they come back
+  // in policy order, S first (swap-ins used to go before every waiting request).
+  rig<kvkit::priority_first> r = shared_prefix_rig(5);
+  bool preempted = false;
+  std::vector<seq_id> back; // S and T in the order they came back
+  const auto done = run_shared_prefix(r, [&](int /*step*/, const kvkit::step_plan& plan) {
+    if (plan.preempted.size() == 2) {
+      preempted = true;
+      CHECK(plan.swap_out.size() == 5); // T's blocks alone
+      CHECK(r.sched.num_swapped() == 1);
+      CHECK(r.sched.num_waiting() == 1);
+    } else if (preempted) {
+      for (const auto& s : plan.batch) {
+        if (s.id != 1 && std::find(back.begin(), back.end(), s.id) == back.end()) {
+          back.push_back(s.id); // the batch lists the requests that come back in that order
+        }
+      }
+    }
+  });
+  REQUIRE(preempted);
+  CHECK(back == std::vector<seq_id>{2, 3});
+  CHECK(done.size() == 3);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(r.sched.host_blocks_used() == 0);
   CHECK(r.pool.num_used() == 0);
 }

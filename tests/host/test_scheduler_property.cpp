@@ -91,6 +91,9 @@ public:
         return "request " + std::to_string(id) + " never finished";
       }
     }
+    if (sched_.host_blocks_used() != 0) {
+      return "host blocks leaked at the end";
+    }
     cache_.clear();
     return pool_.num_used() == 0 && pool_.num_evictable() == 0 ? std::string{}
                                                                : "blocks leaked at the end";
@@ -98,6 +101,7 @@ public:
 
   std::int64_t preemptions() const { return sched_.num_preemptions(); }
   std::int64_t aborts_in_flight() const { return aborts_in_flight_; }
+  std::int64_t shared_swap_outs() const { return shared_swap_outs_; }
 
 private:
   struct model {
@@ -134,7 +138,27 @@ private:
   }
 
   std::string one_step() {
+    // Each sequence's blocks before the step, to find those its preempted ones shared.
+    std::map<seq_id, std::vector<block_id>> before;
+    for (const auto& [id, m] : expected_) {
+      if (table_.contains(id)) {
+        const auto blocks = *table_.blocks(id);
+        before[id].assign(blocks.begin(), blocks.end());
+      }
+    }
     const kvkit::step_plan& plan = sched_.step();
+    // Steps whose swap-outs include a block two of the step's victims held: copied once, read
+    // back below by each (the contents checked after every step).
+    std::map<block_id, std::int32_t> holders;
+    for (const seq_id id : plan.preempted) {
+      for (const block_id b : before[id]) {
+        ++holders[b];
+      }
+    }
+    if (std::any_of(plan.swap_out.begin(), plan.swap_out.end(),
+                    [&](const kvkit::block_copy& c) { return holders[c.src] > 1; })) {
+      ++shared_swap_outs_;
+    }
     std::int32_t sum = 0;
     for (const auto& b : plan.batch) {
       sum += b.num_tokens;
@@ -266,6 +290,9 @@ private:
     if (!bad.empty()) {
       return bad;
     }
+    if (sched_.host_blocks_used() > s_.cfg.host_blocks) {
+      return "host tier over its size";
+    }
     return pool_.check_consistency() ? std::string{} : "pool inconsistent";
   }
 
@@ -280,10 +307,16 @@ private:
   std::map<seq_id, model> expected_;
   std::map<seq_id, bool> finished_;
   std::int64_t aborts_in_flight_ = 0;
+  std::int64_t shared_swap_outs_ = 0;
+};
+
+struct run_counts {
+  std::int64_t preemptions = 0;
+  std::int64_t shared_swap_outs = 0;
 };
 
 template <class Policy>
-std::int64_t run(const setup& s, std::uint64_t seed) {
+run_counts run(const setup& s, std::uint64_t seed) {
   harness<Policy> h(s, seed);
   const std::string broken = h.run();
   if (!broken.empty()) {
@@ -291,7 +324,7 @@ std::int64_t run(const setup& s, std::uint64_t seed) {
   }
   // Requests aborted while their step was in flight: the path must have been taken.
   CHECK(h.aborts_in_flight() > 0);
-  return h.preemptions();
+  return {h.preemptions(), h.shared_swap_outs()};
 }
 
 } // namespace
@@ -303,51 +336,58 @@ TEST_CASE("random workloads: budgets, contents, exact outputs, no leaks, no star
   // Tight memory so preemption is routine: recompute, swap (with a small host tier), chunked
   // prefill with lookahead, priorities, partial prefix sharing.
   std::int64_t preempted = 0;
-  preempted += run<kvkit::fcfs>(
-      {14, 4, {.max_running = 6, .max_batched_tokens = 24, .prefill_chunk = 7}, false, 400}, seed);
-  preempted += run<kvkit::fcfs>({14,
-                                 4,
-                                 {.max_running = 6,
-                                  .max_batched_tokens = 24,
-                                  .prefill_chunk = 7,
-                                  .preemption = preemption_mode::swap,
-                                  .host_blocks = 10},
-                                 true,
-                                 400},
-                                seed + 1);
+  std::int64_t shared = 0;
+  const auto add = [&](run_counts c) {
+    preempted += c.preemptions;
+    shared += c.shared_swap_outs;
+  };
+  add(run<kvkit::fcfs>(
+      {14, 4, {.max_running = 6, .max_batched_tokens = 24, .prefill_chunk = 7}, false, 400}, seed));
+  add(run<kvkit::fcfs>({14,
+                        4,
+                        {.max_running = 6,
+                         .max_batched_tokens = 24,
+                         .prefill_chunk = 7,
+                         .preemption = preemption_mode::swap,
+                         .host_blocks = 10},
+                        true,
+                        400},
+                       seed + 1));
   // A watermark of 8 of 14 blocks: a request swapped out with more than 6 blocks' worth of
   // tokens (a request takes up to 11) must still come back once the others are done.
-  preempted += run<kvkit::fcfs>({14,
-                                 4,
-                                 {.max_running = 6,
-                                  .max_batched_tokens = 24,
-                                  .prefill_chunk = 7,
-                                  .watermark_blocks = 8,
-                                  .preemption = preemption_mode::swap,
-                                  .host_blocks = 12},
-                                 true,
-                                 400},
-                                seed + 4);
-  preempted += run<kvkit::priority_first>({16,
-                                           3,
-                                           {.max_running = 5,
-                                            .max_batched_tokens = 20,
-                                            .prefill_chunk = 5,
-                                            .watermark_blocks = 1,
-                                            .lookahead = 3},
-                                           true,
-                                           400},
-                                          seed + 2);
-  preempted += run<kvkit::fcfs>({20,
-                                 4,
-                                 {.max_running = 8,
-                                  .max_batched_tokens = 32,
-                                  .prefill_chunk = 32,
-                                  .lookahead = 2,
-                                  .preemption = preemption_mode::swap,
-                                  .host_blocks = 6},
-                                 false,
-                                 400},
-                                seed + 3);
+  add(run<kvkit::fcfs>({14,
+                        4,
+                        {.max_running = 6,
+                         .max_batched_tokens = 24,
+                         .prefill_chunk = 7,
+                         .watermark_blocks = 8,
+                         .preemption = preemption_mode::swap,
+                         .host_blocks = 12},
+                        true,
+                        400},
+                       seed + 4));
+  add(run<kvkit::priority_first>({16,
+                                  3,
+                                  {.max_running = 5,
+                                   .max_batched_tokens = 20,
+                                   .prefill_chunk = 5,
+                                   .watermark_blocks = 1,
+                                   .lookahead = 3},
+                                  true,
+                                  400},
+                                 seed + 2));
+  add(run<kvkit::fcfs>({20,
+                        4,
+                        {.max_running = 8,
+                         .max_batched_tokens = 32,
+                         .prefill_chunk = 32,
+                         .lookahead = 2,
+                         .preemption = preemption_mode::swap,
+                         .host_blocks = 6},
+                        false,
+                        400},
+                       seed + 3));
   CHECK(preempted > 0);
+  // Victims of one step that shared a block (a common prompt) had it swapped out once.
+  CHECK(shared > 0);
 }

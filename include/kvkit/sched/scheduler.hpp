@@ -83,9 +83,10 @@ struct step_plan {
   std::vector<block_copy> swap_out; //!< {device block, host block}
   std::vector<block_copy> swap_in;  //!< {host block, device block}
   std::vector<block_copy> copies;   //!< copy-on-write, device to device
-  //! Requests that lost (or swapped out) their blocks. One preempted by recompute may be admitted
-  //! again in the same step, from the prefix cache, and then is in `batch` as well: drop its old
-  //! state before running the batch.
+  //! Requests that lost (or swapped out) their blocks. One may come back in the same step from
+  //! the prefix cache (preempted by recompute, or swapped out mid-prefill where the cache holds
+  //! more of its prompt than it had computed), and then is in `batch` as well: drop its old state
+  //! before running the batch.
   std::vector<seq_id> preempted;
   std::int32_t num_tokens = 0; //!< tokens computed in this step
 };
@@ -110,10 +111,10 @@ struct finished_request {
 //!
 //! Each step: running sequences in policy order get their next tokens (a prefill chunk, or one
 //! token plus `lookahead` slots); when blocks run out, the running sequence that comes last in
-//! policy order is preempted. Then swapped-out requests come back, and waiting requests are
-//! admitted in policy order while the budgets and the free blocks (beyond the watermark, while
-//! others run) allow; an admission first takes the longest cached prefix. The engine runs the plan
-//! and reports the sampled tokens to `complete_step`.
+//! policy order is preempted. Then swapped-out requests come back and waiting requests are
+//! admitted, in one policy order, while the budgets and the free blocks (beyond the watermark,
+//! while others run) allow; an admission first takes the longest cached prefix. The engine runs the
+//! plan and reports the sampled tokens to `complete_step`.
 template <block_mapping Mapping, prefix_index Index, block_allocator Allocator,
           scheduling_policy Policy = fcfs>
 class scheduler {
@@ -210,6 +211,7 @@ public:
           host_release_.push_back(b); // this step's swap-out may still be copying into it
         } else {
           [[maybe_unused]] const status released = host_.release(b);
+          assert(released.ok());
         }
       }
       erase_from(swapped_, id);
@@ -232,6 +234,7 @@ public:
     plan_.swap_in.clear();
     plan_.copies.clear();
     plan_.preempted.clear();
+    swap_copies_.clear();
     plan_.num_tokens = 0;
     ++step_epoch_;
     num_sampling_ = 0;
@@ -265,19 +268,17 @@ public:
       budget -= n;
       ++i;
     }
-    // 2. Swapped-out requests come back first, then waiting ones, in policy order.
-    while (!swapped_.empty() && budget > 0 &&
-           static_cast<std::int32_t>(running_.size()) < config_.max_running) {
-      if (!swap_in(swapped_.front(), budget)) {
-        break;
-      }
-    }
-    if (swapped_.empty()) {
-      while (!waiting_.empty() && budget > 0 &&
-             static_cast<std::int32_t>(running_.size()) < config_.max_running) {
-        if (!admit(waiting_.front(), budget)) {
-          break; // head-of-line: later requests wait their turn (no starvation under fcfs)
-        }
+    // 2. Swapped-out and waiting requests in one policy order (a request preempted by recompute
+    // waits among the new ones, and must not fall behind a swapped-out one that came after it):
+    // each swapped back in or admitted, head-of-line.
+    while (budget > 0 && static_cast<std::int32_t>(running_.size()) < config_.max_running &&
+           (!swapped_.empty() || !waiting_.empty())) {
+      const bool swapped_first =
+          !swapped_.empty() &&
+          (waiting_.empty() || !policy_.before(requests_.at(waiting_.front()).order,
+                                               requests_.at(swapped_.front()).order));
+      if (swapped_first ? !swap_in(swapped_.front(), budget) : !admit(waiting_.front(), budget)) {
+        break; // later requests wait their turn (no starvation under fcfs)
       }
     }
     in_flight_ = !plan_.batch.empty() || !plan_.swap_out.empty() || !plan_.swap_in.empty() ||
@@ -354,6 +355,7 @@ public:
     table_->release_copy_sources();
     for (const block_id b : host_release_) {
       [[maybe_unused]] const status released = host_.release(b);
+      assert(released.ok());
     }
     host_release_.clear();
     plan_.batch.clear();
@@ -422,12 +424,24 @@ private:
     plan_.preempted.push_back(id);
     erase_from(running_, id);
     const auto blocks = *table_->blocks(id);
-    if (config_.preemption == preemption_mode::swap &&
-        host_.num_free() >= static_cast<std::int32_t>(blocks.size())) {
+    // A block that another request swapped out in this step (one they share: a common prefix)
+    // is copied once; its host copy is shared too. It holds the same tokens for both: both held
+    // it from before the step (a victim was not scheduled in it), and the step's swap-outs run
+    // before anything of the step writes a device block.
+    const auto fresh = static_cast<std::int32_t>(std::count_if(
+        blocks.begin(), blocks.end(), [&](block_id b) { return !swap_copies_.contains(b); }));
+    if (config_.preemption == preemption_mode::swap && host_.num_free() >= fresh) {
       e.host.resize(blocks.size());
-      (void)host_.allocate(e.host);
       for (std::size_t i = 0; i < blocks.size(); ++i) {
-        plan_.swap_out.push_back({blocks[i], e.host[i]});
+        const auto [at, added] = swap_copies_.try_emplace(blocks[i], block_id{});
+        if (added) {
+          at->second = *host_.allocate();
+          plan_.swap_out.push_back({blocks[i], at->second});
+        } else {
+          [[maybe_unused]] const status retained = host_.retain(at->second);
+          assert(retained.ok());
+        }
+        e.host[i] = at->second;
       }
       end_tracking(id, blocks, e);
       (void)table_->free(id);
@@ -463,8 +477,14 @@ private:
   // fit now.
   bool admit(seq_id id, std::int32_t& budget) {
     entry& e = requests_.at(id);
+    return start_from_cache(id, e, cache_->probe(e.tokens, {}), waiting_, budget);
+  }
+
+  // Starts request `id` (in `from`) with its cached prefix, as `p` probed it, and a first chunk;
+  // what it had computed before is not used. False when it does not fit now.
+  bool start_from_cache(seq_id id, entry& e, const prefix_match& p, std::vector<seq_id>& from,
+                        std::int32_t& budget) {
     const auto len = static_cast<std::int32_t>(e.tokens.size());
-    const prefix_match p = cache_->probe(e.tokens, {});
     const std::int32_t n = std::min({len - p.num_tokens, config_.prefill_chunk, budget});
     const std::int32_t bs = table_->block_size();
     const std::int32_t need =
@@ -481,7 +501,7 @@ private:
         m->num_tokens);
     assert(adopted.ok());
     e.computed = m->num_tokens;
-    start_running(id, e, waiting_, n, budget);
+    start_running(id, e, from, n, budget);
     return true;
   }
 
@@ -492,13 +512,21 @@ private:
     if (n == 0) {
       return false;
     }
+    const prefix_match p = cache_->probe(e.tokens, {});
+    if (p.num_tokens > e.computed && start_from_cache(id, e, p, swapped_, budget)) {
+      // The cache holds more of its prompt than it had computed (a request that shares that
+      // prefix computed it since): it starts from the cache as an admission does, and its host
+      // copies go unused. Where that does not fit now (the cache's evictable blocks count
+      // against it), it comes back as below, which may need fewer blocks.
+      release_host_copies(e);
+      return true;
+    }
     const std::int32_t bs = table_->block_size();
     // New blocks: all but the whole blocks of its computed tokens that the cache still holds
     // (`full`, taken below; no copy-on-write follows, as the blocks after them are fresh). Those
     // in use cost nothing; evictable ones come out of the free count. The probe counts the
     // evictable blocks of the whole match, whose blocks past `full` are given back at once: at
     // most `full` of them are kept.
-    const prefix_match p = cache_->probe(e.tokens, {});
     const std::int32_t full = std::min(p.num_tokens / bs, e.computed / bs);
     const std::int32_t need = blocks_for_tokens(e.computed + n, bs) - full;
     if (need > allocator_->num_free() - std::min(p.num_evictable, full) - watermark()) {
@@ -524,12 +552,16 @@ private:
     for (std::size_t i = static_cast<std::size_t>(full); i < blocks.size(); ++i) {
       plan_.swap_in.push_back({e.host[i], blocks[i]});
     }
-    for (const block_id b : e.host) {
-      host_release_.push_back(b); // after the engine has copied them back
-    }
-    e.host.clear();
+    release_host_copies(e);
     start_running(id, e, swapped_, n, budget);
     return true;
+  }
+
+  // Gives back the host copies of swapped-out request `e` at complete_step, after the engine has
+  // copied them back.
+  void release_host_copies(entry& e) {
+    host_release_.insert(host_release_.end(), e.host.begin(), e.host.end());
+    e.host.clear();
   }
 
   // The longest cached prefix of a request's tokens, with a reference to each block for the
@@ -581,6 +613,9 @@ private:
   std::size_t num_sampling_ = 0; // sequences of the current plan that sample
   bool in_flight_ = false;       // between step() and its complete_step()
   std::vector<block_id> host_release_;
+  // This step's swap-outs: device block -> its host copy (a block two victims share is copied
+  // once).
+  std::unordered_map<block_id, block_id> swap_copies_;
   std::vector<block_id> match_;
   step_plan plan_;
   std::int64_t next_arrival_ = 0;
