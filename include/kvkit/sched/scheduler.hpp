@@ -518,6 +518,7 @@ private:
       // prefix computed it since): it starts from the cache as an admission does, and its host
       // copies go unused. Where that does not fit now (the cache's evictable blocks count
       // against it), it comes back as below, which may need fewer blocks.
+      drop_swap_outs(e);
       release_host_copies(e);
       return true;
     }
@@ -555,6 +556,23 @@ private:
     release_host_copies(e);
     start_running(id, e, swapped_, n, budget);
     return true;
+  }
+
+  // Takes out of this step's plan the swap-outs into host blocks that request `e` alone holds, and
+  // gives those blocks back at once (no copy goes into them now): where it was swapped out in this
+  // step and comes back from the cache in it, they would go unused. Only phase 1 of a step
+  // preempts, so no later victim of the step can share them.
+  void drop_swap_outs(entry& e) {
+    std::erase_if(plan_.swap_out, [&](const block_copy& c) {
+      const auto at = std::find(e.host.begin(), e.host.end(), c.dst);
+      if (at == e.host.end() || host_.ref_count(c.dst) != 1) {
+        return false;
+      }
+      [[maybe_unused]] const status released = host_.release(c.dst);
+      assert(released.ok());
+      e.host.erase(at);
+      return true;
+    });
   }
 
   // Gives back the host copies of swapped-out request `e` at complete_step, after the engine has
