@@ -977,47 +977,61 @@ TEST_CASE("paged_decode: a batch of empty sequences alone ends after the kernel 
   }
 }
 
+namespace {
+
+// Two sequences of a bf16 cache (2 KV heads at head dim 128, 16-token pages, 8 query heads) in
+// one step, for the launcher's cases below, each of which decodes them under a mode of its own.
+struct two_sequences {
+  two_sequences(std::uint64_t seed_tag, const std::vector<std::int32_t>& lens)
+      : seed(kvkit_test::test_seed(seed_tag)),
+        pr(layout, 64, seed), steps{pr.make_step<__nv_bfloat16>(lens, q_heads)} {}
+
+  [[nodiscard]] kvkit_test::decode_outcome decode(const kvkit_test::decode_mode& mode) const {
+    return kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
+        layout, pr.cache, pr.capacity, {2, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
+  }
+  void check(const kvkit_test::decode_outcome& got) const { check_steps(pr, steps, q_heads, got); }
+
+  static constexpr std::int32_t q_heads = 8;
+  std::uint64_t seed;
+  bf16_nhd layout{16, 2, 128};
+  problem<bf16_nhd> pr;
+  std::vector<kvkit_test::decode_step> steps;
+};
+
+} // namespace
+
 TEST_CASE("paged_decode: an error left pending before it is returned, and nothing launched",
           "[cuda][decode][pending_error]") {
-  const std::uint64_t seed = kvkit_test::test_seed(0x9E1);
-  const bf16_nhd layout(16, 2, 128);
-  const std::int32_t q_heads = 8;
-  problem<bf16_nhd> pr(layout, 64, seed);
-  const std::vector<kvkit_test::decode_step> steps{pr.make_step<__nv_bfloat16>({300, 17}, q_heads)};
+  const two_sequences c(0x9E1, {300, 17});
   kvkit_test::decode_mode mode;
   mode.pending_error_first = true;
-  const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
-      layout, pr.cache, pr.capacity, {2, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
-  INFO("seed " << seed << " error " << cudaGetErrorString(got.error) << " first call "
+  const auto got = c.decode(mode);
+  INFO("seed " << c.seed << " error " << cudaGetErrorString(got.error) << " first call "
                << cudaGetErrorString(got.pending_error_returned));
   REQUIRE(got.error == cudaSuccess);
   REQUIRE(got.pending_error_left != cudaSuccess);
   CHECK(got.pending_error_returned == got.pending_error_left);
   CHECK(got.pending_error_taken);
   CHECK(got.untouched_after_error);
-  check_steps(pr, steps, q_heads, got);
+  c.check(got);
 }
 
 TEST_CASE("paged_decode: an error of its own launch is returned and taken, and the next call runs",
           "[cuda][decode][pending_error]") {
-  const std::uint64_t seed = kvkit_test::test_seed(0x9E2);
-  const bf16_nhd layout(16, 2, 128);
-  const std::int32_t q_heads = 8;
-  problem<bf16_nhd> pr(layout, 64, seed);
   // A long sequence, split on any device, and a short one.
-  const std::vector<kvkit_test::decode_step> steps{pr.make_step<__nv_bfloat16>({900, 17}, q_heads)};
+  const two_sequences c(0x9E2, {900, 17});
   kvkit_test::decode_mode mode;
   mode.own_error_on_repeat = true;
   mode.repeats = 2;
-  const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
-      layout, pr.cache, pr.capacity, {2, q_heads, 2, 128, 0}, steps, pr.scales, {}, mode);
-  INFO("seed " << seed << " error " << cudaGetErrorString(got.error) << " failing call "
+  const auto got = c.decode(mode);
+  INFO("seed " << c.seed << " error " << cudaGetErrorString(got.error) << " failing call "
                << cudaGetErrorString(got.own_error_returned));
   REQUIRE(got.error == cudaSuccess);
   CHECK(got.own_error_returned != cudaSuccess);
   CHECK(got.own_error_taken);
   CHECK(got.untouched_after_error);
-  check_steps(pr, steps, q_heads, got);
+  c.check(got);
 }
 
 // A kernel's shared-memory limit belongs to the context, the launcher's answers to the device:
@@ -1026,27 +1040,18 @@ TEST_CASE("paged_decode: an error of its own launch is returned and taken, and t
 // merge's launch, over the default 48 KB). Every case after this one runs in the new context.
 TEST_CASE("paged_decode: a decode after cudaDeviceReset raises its kernel's limit again",
           "[cuda][decode]") {
-  const std::uint64_t seed = kvkit_test::test_seed(0x9E3);
-  const bf16_nhd layout(16, 2, 128);
-  const std::int32_t q_heads = 8;
-  problem<bf16_nhd> pr(layout, 64, seed);
-  const std::vector<kvkit_test::decode_step> steps{pr.make_step<__nv_bfloat16>({900, 17}, q_heads)};
-  const auto decode = [&] {
-    return kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
-        layout, pr.cache, pr.capacity, {2, q_heads, 2, 128, 0}, steps, pr.scales, {},
-        kvkit_test::decode_mode{});
-  };
-  INFO("seed " << seed);
-  const auto before = decode();
+  const two_sequences c(0x9E3, {900, 17});
+  INFO("seed " << c.seed);
+  const auto before = c.decode({});
   INFO("before the reset: " << cudaGetErrorString(before.error));
   REQUIRE(before.error == cudaSuccess);
-  check_steps(pr, steps, q_heads, before);
+  c.check(before);
   REQUIRE(cudaDeviceReset() == cudaSuccess);
-  const auto after = decode();
+  const auto after = c.decode({});
   INFO("after the reset: " << cudaGetErrorString(after.error));
   REQUIRE(after.error == cudaSuccess);
   CHECK(after.max_splits > 1);
-  check_steps(pr, steps, q_heads, after);
+  c.check(after);
 }
 
 // A quantized cache's one-wave grid of split sequences, launched as a programmatic dependent with
