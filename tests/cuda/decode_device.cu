@@ -59,8 +59,8 @@ static_assert(kd::decode_stages<kvkit::fp8_e4m3_codec, kvkit::fp8_e4m3_codec, 12
                                 kd::decode_warps, kd::decode_long_ring>() == 4);
 static_assert(kd::decode_stages<int4_g32, int4_g32, 128, 1, 2>() == 8);
 // The reset case's kernel (bf16 at head dim 128, one query tile) needs more shared memory than a
-// context gives a kernel by default (48 KB), so that its launch after a reset fails unless the
-// launcher raises the limit again.
+// kernel gets by default (48 KB): its launch after the reset runs only if the limit the launcher
+// raised before the reset still holds.
 static_assert(kd::decode_smem_bytes<kvkit::bf16_codec, kvkit::bf16_codec, 128, 1>() > 48 * 1024);
 // The short-ring build (decode_short_ring_fit): the 16-bit caches at head dim 256 only, whose
 // three stages (192 KB a block) an A100 cannot hold; two take 128 KB.

@@ -2326,27 +2326,6 @@ cudaError_t decode_held_smem(Kernel kernel, int threads, int planned, std::int32
   return cudaSuccess;
 }
 
-// After a failed launch of `kernel` with `smem` bytes of dynamic shared memory: whether the
-// kernel's limit was below them, and is now raised to them, so that the launch may be tried once
-// more. The limit is a context's, while the launchers' answers are kept by device: after
-// cudaDeviceReset (a new primary context) or in a second context on the device, a kernel whose
-// limit the launcher raised earlier is back at the default 48 KB until such a failure restores
-// it. The failed launch's error is taken first; a limit already high enough means the launch
-// failed for another reason, whose error the caller returns.
-template <class Kernel>
-bool decode_limit_restored(Kernel kernel, std::size_t smem) {
-  (void)cudaGetLastError();
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess ||
-      static_cast<std::size_t>(attributes.maxDynamicSharedSizeBytes) >= smem ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
 // Warps in a block of the wide kernel. An int4 cache on a grid of at most one block per
 // multiprocessor, whose splits give each of these warps two tiles or more, runs blocks of this
 // many warps: each scheduler has two warps to switch between and each warp half the tiles (int4's
@@ -2422,8 +2401,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   constexpr int cluster_need = decode_cluster_smem_bytes<K, V, D, NT, KT, W, Ring>();
   const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W, Ring>;
   // The shared-memory limit is raised once per device (a host call per launch would cost more
-  // than a small decode takes on the GPU; a context that has not seen it raised gets it back
-  // from the launch's one retry, decode_limit_restored).
+  // than a small decode takes on the GPU).
   static std::atomic<std::uint64_t> raised{0};
   const std::uint64_t bit = device < 64 ? (1ULL << device) : 0;
   // Devices where this kernel merges splits in thread block clusters, noted with the same
@@ -2604,11 +2582,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       return e;
     }
   }
-  cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
-  if (e != cudaSuccess && decode_limit_restored(kernel, config.dynamicSmemBytes)) {
-    e = cudaLaunchKernelEx(&config, kernel, p);
-  }
-  if (e != cudaSuccess) {
+  if (const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p); e != cudaSuccess) {
     return e;
   }
   return cudaGetLastError();
