@@ -1036,9 +1036,9 @@ TEST_CASE("paged_decode: an error of its own launch is returned and taken, and t
 
 // The launcher raises a kernel's shared-memory limit once per device and keeps that it did for the
 // life of the process. The limit holds across cudaDeviceReset (observed with the CUDA 13 runtime
-// and driver 580 on an H100), so a decode after a reset runs as before it: a split bf16 sequence,
-// whose cluster merge's launch takes over the default 48 KB. Every case after this one runs in
-// the new context.
+// and driver 580 on an H100), so a decode after a reset runs as before it: a bf16 sequence split
+// over a cluster, whose kernel takes more than the default 48 KB (decode_device.cu asserts it).
+// Every case after this one runs in the new context.
 TEST_CASE("paged_decode: a decode after cudaDeviceReset runs as before it", "[cuda][decode]") {
   const two_sequences c(0x9E3, {900, 17});
   INFO("seed " << c.seed);

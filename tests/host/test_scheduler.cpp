@@ -678,7 +678,16 @@ std::map<seq_id, std::vector<token_id>> run_shared_prefix(rig<kvkit::priority_fi
 TEST_CASE("requests preempted together copy a block they share to the host once", "[scheduler]") {
   rig<kvkit::priority_first> r = shared_prefix_rig(16);
   bool both_out = false;
+  bool shared_read_back = false;
   const auto done = run_shared_prefix(r, [&](int /*step*/, const kvkit::step_plan& plan) {
+    // Coming back, both copy the shared block (not in the cache any more) from its one host copy.
+    std::vector<kvkit::block_id> read;
+    for (const auto& c : plan.swap_in) {
+      read.push_back(c.src);
+    }
+    std::sort(read.begin(), read.end());
+    shared_read_back =
+        shared_read_back || std::adjacent_find(read.begin(), read.end()) != read.end();
     if (plan.preempted.size() == 2) {
       // T's 5 blocks and S's 6, of which 4 are the same: 7 copies, 7 host blocks.
       both_out = true;
@@ -697,6 +706,7 @@ TEST_CASE("requests preempted together copy a block they share to the host once"
     }
   });
   REQUIRE(both_out);
+  CHECK(shared_read_back);
   CHECK(done.size() == 3);
   CHECK_FALSE(r.sched.has_work());
   CHECK(r.sched.host_blocks_used() == 0);

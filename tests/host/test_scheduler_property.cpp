@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -159,6 +160,14 @@ private:
                     [&](const kvkit::block_copy& c) { return holders[c.src] > 1; })) {
       ++shared_swap_outs_;
     }
+    // Each device block copied out once, each host block written once.
+    std::set<block_id> sources;
+    std::set<block_id> targets;
+    for (const auto& c : plan.swap_out) {
+      if (!sources.insert(c.src).second || !targets.insert(c.dst).second) {
+        return "a block swapped out twice in one step";
+      }
+    }
     std::int32_t sum = 0;
     for (const auto& b : plan.batch) {
       sum += b.num_tokens;
@@ -289,9 +298,6 @@ private:
     });
     if (!bad.empty()) {
       return bad;
-    }
-    if (sched_.host_blocks_used() > s_.cfg.host_blocks) {
-      return "host tier over its size";
     }
     return pool_.check_consistency() ? std::string{} : "pool inconsistent";
   }

@@ -234,7 +234,9 @@ public:
     plan_.swap_in.clear();
     plan_.copies.clear();
     plan_.preempted.clear();
-    swap_copies_.clear();
+    if (!swap_copies_.empty()) {
+      swap_copies_.clear();
+    }
     plan_.num_tokens = 0;
     ++step_epoch_;
     num_sampling_ = 0;
@@ -428,9 +430,11 @@ private:
     // is copied once; its host copy is shared too. It holds the same tokens for both: both held
     // it from before the step (a victim was not scheduled in it), and the step's swap-outs run
     // before anything of the step writes a device block.
-    const auto fresh = static_cast<std::int32_t>(std::count_if(
-        blocks.begin(), blocks.end(), [&](block_id b) { return !swap_copies_.contains(b); }));
-    if (config_.preemption == preemption_mode::swap && host_.num_free() >= fresh) {
+    const auto fresh = [&] {
+      return static_cast<std::int32_t>(std::count_if(
+          blocks.begin(), blocks.end(), [&](block_id b) { return !swap_copies_.contains(b); }));
+    };
+    if (config_.preemption == preemption_mode::swap && host_.num_free() >= fresh()) {
       e.host.resize(blocks.size());
       for (std::size_t i = 0; i < blocks.size(); ++i) {
         const auto [at, added] = swap_copies_.try_emplace(blocks[i], block_id{});
@@ -518,8 +522,7 @@ private:
       // prefix computed it since): it starts from the cache as an admission does, and its host
       // copies go unused. Where that does not fit now (the cache's evictable blocks count
       // against it), it comes back as below, which may need fewer blocks.
-      drop_swap_outs(e);
-      release_host_copies(e);
+      drop_host_copies(e);
       return true;
     }
     const std::int32_t bs = table_->block_size();
@@ -558,21 +561,18 @@ private:
     return true;
   }
 
-  // Takes out of this step's plan the swap-outs into host blocks that request `e` alone holds, and
-  // gives those blocks back at once (no copy goes into them now): where it was swapped out in this
-  // step and comes back from the cache in it, they would go unused. Only phase 1 of a step
-  // preempts, so no later victim of the step can share them.
-  void drop_swap_outs(entry& e) {
-    std::erase_if(plan_.swap_out, [&](const block_copy& c) {
-      const auto at = std::find(e.host.begin(), e.host.end(), c.dst);
-      if (at == e.host.end() || host_.ref_count(c.dst) != 1) {
-        return false;
-      }
-      [[maybe_unused]] const status released = host_.release(c.dst);
+  // Gives back the host copies of request `e`, back from the cache and so reading none of them,
+  // at once: the swap-outs of this step into those no other request holds leave the plan (where
+  // `e` was swapped out in this step, they would be copies nothing reads). Safe during a step:
+  // only its phase 1 allocates host blocks, and a block another request reads in this step stays
+  // held by that request until complete_step.
+  void drop_host_copies(entry& e) {
+    for (const block_id b : e.host) {
+      [[maybe_unused]] const status released = host_.release(b);
       assert(released.ok());
-      e.host.erase(at);
-      return true;
-    });
+    }
+    e.host.clear();
+    std::erase_if(plan_.swap_out, [&](const block_copy& c) { return host_.ref_count(c.dst) == 0; });
   }
 
   // Gives back the host copies of swapped-out request `e` at complete_step, after the engine has
