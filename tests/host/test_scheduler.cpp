@@ -630,6 +630,12 @@ TEST_CASE("a request that fills the pool runs with lookahead: no draft slots pas
 
 namespace {
 
+// Whether some block id occurs twice in `ids`.
+bool any_twice(std::vector<kvkit::block_id> ids) {
+  std::sort(ids.begin(), ids.end());
+  return std::adjacent_find(ids.begin(), ids.end()) != ids.end();
+}
+
 // S (id 2, a 17-token prompt) and T (id 3: S's first 16 tokens, then its own), in 4-token blocks
 // of a 16-block pool; T shares S's 4 prompt blocks through the prefix cache. A (id 1, priority 1,
 // a 48-token prompt in chunks of 16) arrives while both decode, and its third chunk needs 4
@@ -685,9 +691,7 @@ TEST_CASE("requests preempted together copy a block they share to the host once"
     for (const auto& c : plan.swap_in) {
       read.push_back(c.src);
     }
-    std::sort(read.begin(), read.end());
-    shared_read_back =
-        shared_read_back || std::adjacent_find(read.begin(), read.end()) != read.end();
+    shared_read_back = shared_read_back || any_twice(read);
     if (plan.preempted.size() == 2) {
       // T's 5 blocks and S's 6, of which 4 are the same: 7 copies, 7 host blocks.
       both_out = true;
@@ -698,10 +702,8 @@ TEST_CASE("requests preempted together copy a block they share to the host once"
         from.push_back(c.src);
         to.push_back(c.dst);
       }
-      std::sort(from.begin(), from.end());
-      std::sort(to.begin(), to.end());
-      CHECK(std::adjacent_find(from.begin(), from.end()) == from.end());
-      CHECK(std::adjacent_find(to.begin(), to.end()) == to.end());
+      CHECK_FALSE(any_twice(from));
+      CHECK_FALSE(any_twice(to));
       CHECK(r.sched.host_blocks_used() == 7);
     }
   });
