@@ -613,6 +613,56 @@ TEST_CASE("a request swapped out mid-prefill comes back though the cache holds m
   CHECK(r.pool.num_used() == 0);
 }
 
+TEST_CASE("a request swapped out and back in one step copies out only the block it reads back",
+          "[scheduler]") {
+  // 12 blocks of 4 tokens, prefill chunks of 5. T (16 tokens) shares its prompt with U (18
+  // tokens) and has computed 9 when the others' growth swaps it out; its two whole blocks are
+  // then U's, in the cache, and it comes back in the same step: only its partial third block goes
+  // to the host and back (its two whole blocks used to be copied out too, into host blocks that
+  // nothing read).
+  rig<> r(12, {.max_running = 4,
+               .max_batched_tokens = 21,
+               .prefill_chunk = 5,
+               .watermark_blocks = 0,
+               .preemption = kvkit::preemption_mode::swap,
+               .host_blocks = 16});
+  REQUIRE(r.sched.add_request({1, prompt_of(7, 100), 7, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(20, 100), 6, 0}).ok());
+  REQUIRE(r.sched.add_request({3, prompt_of(18, 300), 6, 0}).ok()); // U
+  bool back_at_once = false;
+  std::map<seq_id, std::vector<token_id>> done;
+  for (int step = 0; r.sched.has_work() && step < 50; ++step) {
+    if (step == 1) {
+      REQUIRE(r.sched.add_request({4, prompt_of(16, 300), 5, 0}).ok()); // T
+    }
+    const auto& plan = r.sched.step();
+    const bool t_out =
+        std::find(plan.preempted.begin(), plan.preempted.end(), 4) != plan.preempted.end();
+    const bool t_runs = std::any_of(plan.batch.begin(), plan.batch.end(),
+                                    [](const kvkit::scheduled_sequence& s) { return s.id == 4; });
+    if (t_out && t_runs) {
+      back_at_once = true;
+      INFO("step " << step);
+      CHECK(plan.preempted.size() == 1);
+      REQUIRE(plan.swap_out.size() == 1);
+      REQUIRE(plan.swap_in.size() == 1);
+      CHECK(plan.swap_in[0].src == plan.swap_out[0].dst);
+      CHECK(r.sched.host_blocks_used() == 1);
+    }
+    std::vector<std::vector<token_id>> storage;
+    const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
+    REQUIRE(finished.ok());
+    for (const auto& f : *finished) {
+      done[f.id] = f.generated;
+    }
+  }
+  REQUIRE(back_at_once);
+  CHECK(done.size() == 4);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(r.sched.host_blocks_used() == 0);
+  CHECK(r.pool.num_used() == 0);
+}
+
 TEST_CASE("a request that fills the pool runs with lookahead: no draft slots past its last token",
           "[scheduler]") {
   // 8 prompt tokens and 9 new ones: all but the last new one (sampled, never computed) fill 4

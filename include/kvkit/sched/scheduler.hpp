@@ -83,10 +83,10 @@ struct step_plan {
   std::vector<block_copy> swap_out; //!< {device block, host block}
   std::vector<block_copy> swap_in;  //!< {host block, device block}
   std::vector<block_copy> copies;   //!< copy-on-write, device to device
-  //! Requests that lost (or swapped out) their blocks. One may come back in the same step from
+  //! Requests that lost (or swapped out) their blocks. One may come back in the same step, from
   //! the prefix cache (preempted by recompute, or swapped out mid-prefill where the cache holds
-  //! more of its prompt than it had computed), and then is in `batch` as well: drop its old state
-  //! before running the batch.
+  //! more of its prompt than it had computed) or swapped back in, and then is in `batch` as well:
+  //! drop its old state before running the batch.
   std::vector<seq_id> preempted;
   std::int32_t num_tokens = 0; //!< tokens computed in this step
 };
@@ -522,7 +522,7 @@ private:
       // prefix computed it since): it starts from the cache as an admission does, and its host
       // copies go unused. Where that does not fit now (the cache's evictable blocks count
       // against it), it comes back as below, which may need fewer blocks.
-      drop_host_copies(e);
+      drop_host_copies(e, e.host.size());
       return true;
     }
     const std::int32_t bs = table_->block_size();
@@ -556,22 +556,25 @@ private:
     for (std::size_t i = static_cast<std::size_t>(full); i < blocks.size(); ++i) {
       plan_.swap_in.push_back({e.host[i], blocks[i]});
     }
+    // The copies of the blocks taken from the cache go unread (where it was swapped out in this
+    // step, their swap-outs leave the plan); the rest after the engine has copied them back.
+    drop_host_copies(e, static_cast<std::size_t>(full));
     release_host_copies(e);
     start_running(id, e, swapped_, n, budget);
     return true;
   }
 
-  // Gives back the host copies of request `e`, back from the cache and so reading none of them,
-  // at once: the swap-outs of this step into those no other request holds leave the plan (where
-  // `e` was swapped out in this step, they would be copies nothing reads). Safe during a step:
-  // only its phase 1 allocates host blocks, and a block another request reads in this step stays
-  // held by that request until complete_step.
-  void drop_host_copies(entry& e) {
-    for (const block_id b : e.host) {
-      [[maybe_unused]] const status released = host_.release(b);
+  // Gives back at once the host copies of the first `count` blocks of request `e`, which it reads
+  // none of (they come back from the cache): the swap-outs of this step into those no other
+  // request holds leave the plan (where `e` was swapped out in this step, they would be copies
+  // nothing reads). Safe during a step: only its phase 1 allocates host blocks, and a block
+  // another request reads in this step stays held by that request until complete_step.
+  void drop_host_copies(entry& e, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      [[maybe_unused]] const status released = host_.release(e.host[i]);
       assert(released.ok());
     }
-    e.host.clear();
+    e.host.erase(e.host.begin(), e.host.begin() + static_cast<std::ptrdiff_t>(count));
     std::erase_if(plan_.swap_out, [&](const block_copy& c) { return host_.ref_count(c.dst) == 0; });
   }
 
