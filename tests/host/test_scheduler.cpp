@@ -663,6 +663,70 @@ TEST_CASE("a request swapped out and back in one step copies out only the block 
   CHECK(r.pool.num_used() == 0);
 }
 
+TEST_CASE("a request back in the step of its swap-out leaves the shared blocks' host copies to the "
+          "other",
+          "[scheduler]") {
+  // 8 blocks of 4 tokens. S and T (19-token prompts, the same but for T's last token) share their
+  // first 4 blocks; both are swapped out in one step as they decode, S with 20 tokens: 5 whole
+  // blocks, in the cache once freed. S comes back in the same step, all its blocks from the cache;
+  // T stays out, and its host copies of the 4 shared blocks and of its own last block are the
+  // step's only swap-outs (S's own blocks, which it takes back from the cache, used to be copied
+  // too: 7 swap-outs). T reads its last block back later.
+  rig<> r(8, {.max_running = 4,
+              .max_batched_tokens = 20,
+              .prefill_chunk = 8,
+              .watermark_blocks = 0,
+              .preemption = kvkit::preemption_mode::swap,
+              .host_blocks = 16});
+  REQUIRE(r.sched.add_request({1, prompt_of(5, 100), 6, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(19, 100), 6, 0}).ok()); // S
+  std::vector<token_id> t_prompt = prompt_of(19, 100);
+  t_prompt.back() = 999;
+  bool split = false;
+  std::vector<kvkit::block_id> t_copies; // the host blocks T's swap-outs wrote
+  bool t_read_back = false;
+  std::map<seq_id, std::vector<token_id>> done;
+  for (int step = 0; r.sched.has_work() && step < 50; ++step) {
+    if (step == 2) {
+      REQUIRE(r.sched.add_request({3, t_prompt, 5, 0}).ok()); // T
+    }
+    const auto& plan = r.sched.step();
+    const auto runs = [&](seq_id id) {
+      return std::any_of(plan.batch.begin(), plan.batch.end(),
+                         [&](const kvkit::scheduled_sequence& s) { return s.id == id; });
+    };
+    if (plan.preempted.size() == 2) {
+      split = true;
+      INFO("step " << step);
+      CHECK(runs(2));
+      CHECK_FALSE(runs(3));
+      CHECK(plan.swap_in.empty());
+      CHECK(plan.swap_out.size() == 5);
+      CHECK(r.sched.host_blocks_used() == 5);
+      for (const auto& c : plan.swap_out) {
+        t_copies.push_back(c.dst);
+      }
+    } else if (split && runs(3)) {
+      for (const auto& c : plan.swap_in) {
+        t_read_back =
+            t_read_back || std::find(t_copies.begin(), t_copies.end(), c.src) != t_copies.end();
+      }
+    }
+    std::vector<std::vector<token_id>> storage;
+    const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
+    REQUIRE(finished.ok());
+    for (const auto& f : *finished) {
+      done[f.id] = f.generated;
+    }
+  }
+  REQUIRE(split);
+  CHECK(t_read_back);
+  CHECK(done.size() == 3);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(r.sched.host_blocks_used() == 0);
+  CHECK(r.pool.num_used() == 0);
+}
+
 TEST_CASE("a request that fills the pool runs with lookahead: no draft slots past its last token",
           "[scheduler]") {
   // 8 prompt tokens and 9 new ones: all but the last new one (sampled, never computed) fill 4
