@@ -17,6 +17,8 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -1052,6 +1054,142 @@ TEST_CASE("paged_decode: a decode after cudaDeviceReset runs as before it", "[cu
   REQUIRE(after.error == cudaSuccess);
   CHECK(after.max_splits > 1);
   c.check(after);
+}
+
+namespace {
+
+// A driver entry point of the CUDA version these headers describe, found at run time (the tests
+// link the runtime alone); null where the driver lacks it.
+template <class Fn>
+Fn driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, CUDART_VERSION, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
+// Pushes `ctx` current on this thread for its life, and pops it after.
+class pushed_context {
+public:
+  explicit pushed_context(CUcontext ctx)
+      : pop_(driver_entry<PFN_cuCtxPopCurrent_v4000>("cuCtxPopCurrent")) {
+    const auto push = driver_entry<PFN_cuCtxPushCurrent_v4000>("cuCtxPushCurrent");
+    pushed_ = push != nullptr && pop_ != nullptr && push(ctx) == CUDA_SUCCESS;
+  }
+  pushed_context(const pushed_context&) = delete;
+  pushed_context& operator=(const pushed_context&) = delete;
+  ~pushed_context() {
+    if (pushed_) {
+      CUcontext popped = nullptr;
+      (void)pop_(&popped);
+    }
+  }
+  [[nodiscard]] bool ok() const { return pushed_; }
+
+private:
+  PFN_cuCtxPopCurrent_v4000 pop_;
+  bool pushed_ = false;
+};
+
+// Decodes `c` with the runtime's calls going to `ctx`, planned for `sm_count` multiprocessors,
+// checks it against the reference and returns the plan's splits.
+std::int32_t check_in_context(const two_sequences& c, CUcontext ctx, std::int32_t sm_count) {
+  const pushed_context current(ctx);
+  REQUIRE(current.ok());
+  kvkit_test::decode_mode mode;
+  mode.sm_count = sm_count;
+  const auto got = c.decode(mode);
+  INFO("planned for " << sm_count << " SMs: error " << cudaGetErrorString(got.error) << ", splits "
+                      << got.max_splits);
+  REQUIRE(got.error == cudaSuccess);
+  CHECK(got.max_splits > 1);
+  c.check(got);
+  return got.max_splits;
+}
+
+} // namespace
+
+// The launcher keeps per device, not per context, what it asked and set (the device's
+// attributes, each kernel's raised shared-memory limit). A context of the driver API's own and a
+// green context holding part of the device's SMs each decode a sequence split over a cluster,
+// whose kernel takes more than the default 48 KB, as the reference does; the primary context has
+// launched that kernel first.
+TEST_CASE("paged_decode: a decode in a second context and in a green context of the device",
+          "[cuda][decode]") {
+  const two_sequences c(0x9E4, {900, 17});
+  INFO("seed " << c.seed);
+  const auto primary = c.decode({});
+  REQUIRE(primary.error == cudaSuccess);
+  c.check(primary);
+  int device = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+
+  SECTION("a context of its own (cuCtxCreate)") {
+    const auto create = driver_entry<PFN_cuCtxCreate_v12050>("cuCtxCreate");
+    const auto pop = driver_entry<PFN_cuCtxPopCurrent_v4000>("cuCtxPopCurrent");
+    const auto destroy = driver_entry<PFN_cuCtxDestroy_v4000>("cuCtxDestroy");
+    REQUIRE(create != nullptr);
+    REQUIRE(pop != nullptr);
+    REQUIRE(destroy != nullptr);
+    CUctxCreateParams params{};
+    CUcontext ctx = nullptr;
+    const CUresult made = create(&ctx, &params, 0, device);
+    INFO("cuCtxCreate returned " << made);
+    REQUIRE(made == CUDA_SUCCESS);
+    // cuCtxCreate leaves the new context current: pop it, so that only the case's push holds it.
+    CUcontext popped = nullptr;
+    REQUIRE(pop(&popped) == CUDA_SUCCESS);
+    REQUIRE(popped == ctx);
+    check_in_context(c, ctx, 132);
+    CHECK(destroy(ctx) == CUDA_SUCCESS);
+  }
+
+  SECTION("a green context of the fewest SMs the device splits off") {
+    const auto get_resource =
+        driver_entry<PFN_cuDeviceGetDevResource_v12040>("cuDeviceGetDevResource");
+    const auto split =
+        driver_entry<PFN_cuDevSmResourceSplitByCount_v12040>("cuDevSmResourceSplitByCount");
+    const auto describe =
+        driver_entry<PFN_cuDevResourceGenerateDesc_v12040>("cuDevResourceGenerateDesc");
+    const auto create = driver_entry<PFN_cuGreenCtxCreate_v12040>("cuGreenCtxCreate");
+    const auto as_context = driver_entry<PFN_cuCtxFromGreenCtx_v12040>("cuCtxFromGreenCtx");
+    const auto destroy = driver_entry<PFN_cuGreenCtxDestroy_v12040>("cuGreenCtxDestroy");
+    REQUIRE(get_resource != nullptr);
+    REQUIRE(split != nullptr);
+    REQUIRE(describe != nullptr);
+    REQUIRE(create != nullptr);
+    REQUIRE(as_context != nullptr);
+    REQUIRE(destroy != nullptr);
+    CUdevResource all{};
+    REQUIRE(get_resource(device, &all, CU_DEV_RESOURCE_TYPE_SM) == CUDA_SUCCESS);
+    CUdevResource part{};
+    unsigned groups = 1;
+    const CUresult cut = split(&part, &groups, &all, nullptr, 0, all.sm.minSmPartitionSize);
+    INFO("device SMs " << all.sm.smCount << ", smallest partition " << all.sm.minSmPartitionSize
+                       << "; split returned " << cut << ", " << groups << " group(s) of "
+                       << part.sm.smCount << " SMs");
+    REQUIRE(cut == CUDA_SUCCESS);
+    REQUIRE(groups == 1);
+    REQUIRE(part.sm.smCount < all.sm.smCount);
+    CUdevResourceDesc desc = nullptr;
+    REQUIRE(describe(&desc, &part, 1) == CUDA_SUCCESS);
+    CUgreenCtx green = nullptr;
+    REQUIRE(create(&green, desc, device, CU_GREEN_CTX_DEFAULT_STREAM) == CUDA_SUCCESS);
+    CUcontext ctx = nullptr;
+    REQUIRE(as_context(&ctx, green) == CUDA_SUCCESS);
+    // Planned for the partition's SMs, as an engine that knows its share plans; then for the
+    // whole device, as one that does not: clusters of the most splits the launcher merges in a
+    // cluster, each as large as the partition.
+    check_in_context(c, ctx, static_cast<std::int32_t>(part.sm.smCount));
+    CHECK(check_in_context(c, ctx, static_cast<std::int32_t>(all.sm.smCount)) ==
+          kvkit::decode_plan::max_cluster_splits);
+    CHECK(destroy(green) == CUDA_SUCCESS);
+  }
 }
 
 // A quantized cache's one-wave grid of split sequences, launched as a programmatic dependent with
