@@ -666,12 +666,13 @@ TEST_CASE("a request swapped out and back in one step copies out only the block 
 TEST_CASE("a request back in the step of its swap-out leaves the shared blocks' host copies to the "
           "other",
           "[scheduler]") {
-  // 8 blocks of 4 tokens. S and T (19-token prompts, the same but for T's last token) share their
-  // first 4 blocks; both are swapped out in one step as they decode, S with 20 tokens: 5 whole
-  // blocks, in the cache once freed. S comes back in the same step, all its blocks from the cache;
-  // T stays out, and its host copies of the 4 shared blocks and of its own last block are the
-  // step's only swap-outs (S's own blocks, which it takes back from the cache, used to be copied
-  // too: 7 swap-outs). T reads its last block back later.
+  // 8 blocks of 4 tokens. S and T (19-token prompts, the same but for T's last token) are swapped
+  // out in one step as they decode, S with 20 tokens (5 whole blocks). They share blocks 1-3; T's
+  // block 0 is that of request 1 (S's first 5 tokens, computed beside S and cached first), which
+  // runs on. S comes back in the same step, all 5 blocks from the cache; T stays out, and the
+  // copies of its 5 blocks are the step's only swap-outs: 3 it shares with S, 1 with request 1.
+  // S's own 2 blocks, which it takes back from the cache, used to be copied too (7 swap-outs).
+  // Where T comes back, it reads its own last block's copy.
   rig<> r(8, {.max_running = 4,
               .max_batched_tokens = 20,
               .prefill_chunk = 8,
@@ -684,6 +685,7 @@ TEST_CASE("a request back in the step of its swap-out leaves the shared blocks' 
   t_prompt.back() = 999;
   bool split = false;
   std::vector<kvkit::block_id> t_copies; // the host blocks T's swap-outs wrote
+  bool t_back = false;
   bool t_read_back = false;
   std::map<seq_id, std::vector<token_id>> done;
   for (int step = 0; r.sched.has_work() && step < 50; ++step) {
@@ -706,7 +708,8 @@ TEST_CASE("a request back in the step of its swap-out leaves the shared blocks' 
       for (const auto& c : plan.swap_out) {
         t_copies.push_back(c.dst);
       }
-    } else if (split && runs(3)) {
+    } else if (split && !t_back && runs(3)) {
+      t_back = true; // the step T comes back in: it reads its own block's copy
       for (const auto& c : plan.swap_in) {
         t_read_back =
             t_read_back || std::find(t_copies.begin(), t_copies.end(), c.src) != t_copies.end();

@@ -522,7 +522,7 @@ private:
       // prefix computed it since): it starts from the cache as an admission does, and its host
       // copies go unused. Where that does not fit now (the cache's evictable blocks count
       // against it), it comes back as below, which may need fewer blocks.
-      drop_host_copies(e, e.host.size());
+      release_host_copies(e, e.host.size());
       return true;
     }
     const std::int32_t bs = table_->block_size();
@@ -556,33 +556,30 @@ private:
     for (std::size_t i = static_cast<std::size_t>(full); i < blocks.size(); ++i) {
       plan_.swap_in.push_back({e.host[i], blocks[i]});
     }
-    // The copies of the blocks taken from the cache go unread (where it was swapped out in this
-    // step, their swap-outs leave the plan); the rest after the engine has copied them back.
-    drop_host_copies(e, static_cast<std::size_t>(full));
-    release_host_copies(e);
+    release_host_copies(e, static_cast<std::size_t>(full));
     start_running(id, e, swapped_, n, budget);
     return true;
   }
 
-  // Gives back at once the host copies of the first `count` blocks of request `e`, which it reads
-  // none of (they come back from the cache): the swap-outs of this step into those no other
-  // request holds leave the plan (where `e` was swapped out in this step, they would be copies
-  // nothing reads). Safe during a step: only its phase 1 allocates host blocks, and a block
-  // another request reads in this step stays held by that request until complete_step.
-  void drop_host_copies(entry& e, std::size_t count) {
-    for (std::size_t i = 0; i < count; ++i) {
+  // Gives back the host copies of request `e`, back on the device. The first `unread` (of the
+  // blocks it took from the cache, whose copies it does not read) at once, and the swap-outs of
+  // this step into those that no other request holds leave the plan (where `e` was swapped out in
+  // this step, they would be copies nothing reads). Safe during a step: only its phase 1
+  // allocates host blocks, and a block another request reads in this step stays held by that
+  // request until complete_step. The rest at complete_step, after the engine has copied them
+  // back.
+  void release_host_copies(entry& e, std::size_t unread) {
+    for (std::size_t i = 0; i < unread; ++i) {
       [[maybe_unused]] const status released = host_.release(e.host[i]);
       assert(released.ok());
     }
-    e.host.erase(e.host.begin(), e.host.begin() + static_cast<std::ptrdiff_t>(count));
-    std::erase_if(plan_.swap_out, [&](const block_copy& c) { return host_.ref_count(c.dst) == 0; });
-  }
-
-  // Gives back the host copies of swapped-out request `e` at complete_step, after the engine has
-  // copied them back.
-  void release_host_copies(entry& e) {
-    host_release_.insert(host_release_.end(), e.host.begin(), e.host.end());
+    host_release_.insert(host_release_.end(), e.host.begin() + static_cast<std::ptrdiff_t>(unread),
+                         e.host.end());
     e.host.clear();
+    if (unread > 0) {
+      std::erase_if(plan_.swap_out,
+                    [&](const block_copy& c) { return host_.ref_count(c.dst) == 0; });
+    }
   }
 
   // The longest cached prefix of a request's tokens, with a reference to each block for the
