@@ -292,11 +292,17 @@ __device__ inline float fast_tanh(float x) {
   return y;
 }
 
-// Copies `Bytes` to the shared-window address `s` (zeros where !valid).
-template <int Bytes>
+// Copies `Bytes` to the shared-window address `s` (zeros where !valid); with `L2Wide` (16 bytes
+// only), L2 fetches the 256 bytes around them from memory (the `.L2::256B` prefetch size).
+template <int Bytes, bool L2Wide = false>
 __device__ inline void cp_async_to(std::uint32_t s, const void* global, bool valid) {
+  static_assert(!L2Wide || Bytes == 16, "the wide fetch is for 16-byte copies");
   const int n = valid ? Bytes : 0; // 0: the destination is zero-filled, nothing is read
-  if constexpr (Bytes == 16) {
+  if constexpr (L2Wide) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global),
+                 "r"(n)
+                 : "memory");
+  } else if constexpr (Bytes == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global), "r"(n)
                  : "memory");
   } else {
@@ -1357,11 +1363,23 @@ __global__ void __launch_bounds__(
         const bool valid = r != nullptr;
         const std::byte* const src = (valid ? r : p.cache) + chunk * 16;
         if constexpr (lean_issue) {
+          // int4 rows of NHD pages (64 bytes at head dim 128, the neighbouring heads' rows of the
+          // same key beside them, which other blocks of the grid read at about the same time) are
+          // fetched into L2 256 bytes at a time, in the kernels that do not prefetch their rows
+          // into L2 themselves (`warm`): the two-tile and eight-warp kernels. H100, against
+          // 64-byte fetches, three rounds: int4 g32 B=8, L=8192 8.7-10.4% faster (pages of 1, 16
+          // and 64 tokens), B=8 and 32, L=2048 2.6-4.2%; B=1 from 4% faster (L=32768) to 4% slower
+          // (L=8192, 0-2% faster in an earlier run of the same code); every other row runs a
+          // kernel without it. Tried wider and lost: in the one-tile kernel that prefetches,
+          // 3-17% slower (B=32 from L=8192, B=64 and 128), and for fp8 and int8 (128-byte rows)
+          // up to 9% slower at the large shapes (docs/paged_decode_log.md).
+          constexpr bool l2_wide = kf::bits == 4 && vf::bits == 4 &&
+                                   Layout::order == kv_order::nhd && place_late && row < 256;
           const int at = sl::template at<chunks, row>(key, chunk * 16);
-          cp_async_to<16>(base_s + static_cast<std::uint32_t>(off + at), src, valid);
+          cp_async_to<16, l2_wide>(base_s + static_cast<std::uint32_t>(off + at), src, valid);
           if constexpr (decltype(both_c)::value) {
-            cp_async_to<16>(base_s + static_cast<std::uint32_t>(sl::v_off + at), src + kv_gap,
-                            valid);
+            cp_async_to<16, l2_wide>(base_s + static_cast<std::uint32_t>(sl::v_off + at),
+                                     src + kv_gap, valid);
           }
         } else {
           // The earlier form, spelled as it was (other spellings, even an unused variable, change
