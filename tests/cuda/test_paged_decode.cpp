@@ -22,6 +22,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
 
 #include "cuda/decode_device.hpp"
 #include "cuda/no_failures.hpp"
@@ -1215,6 +1216,12 @@ TEST_CASE("paged_decode: a decode in a second context and in a green context of 
     check_in_context(c, ctx, static_cast<std::int32_t>(part.sm.smCount));
     CHECK(check_in_context(c, ctx, sms) == primary.max_splits);
   }
+}
+#else
+TEST_CASE("paged_decode: a decode in a second context and in a green context of the device",
+          "[cuda][decode]") {
+  WARN("not built: driver API contexts need CUDA 12.5 or later (CUDART_VERSION " << CUDART_VERSION
+                                                                                 << ")");
 }
 #endif
 

@@ -1363,18 +1363,20 @@ __global__ void __launch_bounds__(
         const bool valid = r != nullptr;
         const std::byte* const src = (valid ? r : p.cache) + chunk * 16;
         if constexpr (lean_issue) {
-          // int4 rows of NHD pages (64 bytes at head dim 128, the neighbouring heads' rows of the
+          // int4 rows of NHD pages at head dim 128 (64 bytes, the neighbouring heads' rows of the
           // same key beside them, which other blocks of the grid read at about the same time) are
           // fetched into L2 256 bytes at a time, in the kernels that do not prefetch their rows
-          // into L2 themselves (`warm`): the two-tile and eight-warp kernels. H100, against
-          // 64-byte fetches, three rounds: int4 g32 B=8, L=8192 8.7-10.4% faster (pages of 1, 16
-          // and 64 tokens), B=8 and 32, L=2048 2.6-4.2%; B=1 from 4% faster (L=32768) to 4% slower
-          // (L=8192, 0-2% faster in an earlier run of the same code); every other row runs a
-          // kernel without it. Tried wider and lost: in the one-tile kernel that prefetches,
-          // 3-17% slower (B=32 from L=8192, B=64 and 128), and for fp8 and int8 (128-byte rows)
-          // up to 9% slower at the large shapes (docs/paged_decode_log.md).
-          constexpr bool l2_wide = kf::bits == 4 && vf::bits == 4 &&
-                                   Layout::order == kv_order::nhd && place_late && row < 256;
+          // into L2 themselves (`warm`): the two-tile and eight-warp kernels. H100, against the
+          // copies without the hint (386d09c), three rounds: int4 g32 B=8, L=8192 8.7-10.4%
+          // faster (pages of 1, 16 and 64 tokens), B=8 and 32, L=2048 2.6-4.2%, B=32, L=512
+          // 1-2.3%; B=1 from 4% faster (L=32768) to 4% slower (L=8192, 0-2% faster in an earlier
+          // run of the same code); the other rows run kernels without it (within 1%). Other head
+          // dims are unmeasured and keep the plain copies. Tried wider and lost: in the one-tile
+          // kernel that prefetches, 3-17.5% slower (B=8, L=32768 and B=32 to 128 from L=8192),
+          // and for fp8 and int8 (128-byte rows) up to 9.5% slower from L=8192 at B=8 and 128
+          // (docs/paged_decode_log.md).
+          constexpr bool l2_wide = kf::bits == 4 && vf::bits == 4 && D == 128 &&
+                                   Layout::order == kv_order::nhd && place_late;
           const int at = sl::template at<chunks, row>(key, chunk * 16);
           cp_async_to<16, l2_wide>(base_s + static_cast<std::uint32_t>(off + at), src, valid);
           if constexpr (decltype(both_c)::value) {
