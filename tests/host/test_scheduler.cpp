@@ -66,6 +66,26 @@ struct rig {
     }
     return out;
   }
+
+  // Runs steps until no work is left (at most `max_steps`), sampling token 9 for every sampling
+  // sequence: arrive(step) ahead of each step (to add requests), on_step(step, plan) after it.
+  // Returns the outputs of the requests that finished, by id.
+  template <class Arrive, class OnStep>
+  std::map<seq_id, std::vector<token_id>> run_steps(int max_steps, Arrive arrive, OnStep on_step) {
+    std::map<seq_id, std::vector<token_id>> done;
+    for (int step = 0; sched.has_work() && step < max_steps; ++step) {
+      arrive(step);
+      const kvkit::step_plan& plan = sched.step();
+      on_step(step, plan);
+      std::vector<std::vector<token_id>> storage;
+      const auto finished = sched.complete_step(sample_all(plan, storage, nine));
+      REQUIRE(finished.ok());
+      for (const auto& f : *finished) {
+        done[f.id] = f.generated;
+      }
+    }
+    return done;
+  }
 };
 
 std::vector<token_id> prompt_of(std::int32_t n, token_id first = 1) {
@@ -580,28 +600,22 @@ TEST_CASE("a request swapped out mid-prefill comes back though the cache holds m
   bool swapped_out = false;
   std::size_t swapped_in = 0;
   std::vector<std::int32_t> computed_after; // S's tokens computed in each step from its swap-out
-  std::map<seq_id, std::vector<token_id>> done;
-  for (int step = 0; r.sched.has_work() && step < 50; ++step) {
-    const auto& plan = r.sched.step();
-    swapped_in += plan.swap_in.size();
-    if (!plan.preempted.empty()) {
-      swapped_out = true;
-      // Back in the same step: the swap-out into its host block is dropped, the block free.
-      CHECK(plan.swap_out.empty());
-      CHECK(r.sched.host_blocks_used() == 0);
-    }
-    for (const auto& s : plan.batch) {
-      if (s.id == 2 && swapped_out) {
-        computed_after.push_back(s.num_tokens);
-      }
-    }
-    std::vector<std::vector<token_id>> storage;
-    const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
-    REQUIRE(finished.ok());
-    for (const auto& f : *finished) {
-      done[f.id] = f.generated;
-    }
-  }
+  const auto done = r.run_steps(
+      50, [](int /*step*/) {},
+      [&](int /*step*/, const kvkit::step_plan& plan) {
+        swapped_in += plan.swap_in.size();
+        if (!plan.preempted.empty()) {
+          swapped_out = true;
+          // Back in the same step: the swap-out into its host block is dropped, the block free.
+          CHECK(plan.swap_out.empty());
+          CHECK(r.sched.host_blocks_used() == 0);
+        }
+        for (const auto& s : plan.batch) {
+          if (s.id == 2 && swapped_out) {
+            computed_after.push_back(s.num_tokens);
+          }
+        }
+      });
   REQUIRE(swapped_out);
   CHECK_FALSE(r.sched.has_work());
   CHECK(done.size() == 2);
@@ -630,12 +644,12 @@ TEST_CASE("a request swapped out and back in one step copies out only the block 
   REQUIRE(r.sched.add_request({2, prompt_of(20, 100), 6, 0}).ok());
   REQUIRE(r.sched.add_request({3, prompt_of(18, 300), 6, 0}).ok()); // U
   bool back_at_once = false;
-  std::map<seq_id, std::vector<token_id>> done;
-  for (int step = 0; r.sched.has_work() && step < 50; ++step) {
+  const auto arrive = [&](int step) {
     if (step == 1) {
       REQUIRE(r.sched.add_request({4, prompt_of(16, 300), 5, 0}).ok()); // T
     }
-    const auto& plan = r.sched.step();
+  };
+  const auto done = r.run_steps(50, arrive, [&](int step, const kvkit::step_plan& plan) {
     const bool t_out =
         std::find(plan.preempted.begin(), plan.preempted.end(), 4) != plan.preempted.end();
     const bool t_runs = std::any_of(plan.batch.begin(), plan.batch.end(),
@@ -649,13 +663,7 @@ TEST_CASE("a request swapped out and back in one step copies out only the block 
       CHECK(plan.swap_in[0].src == plan.swap_out[0].dst);
       CHECK(r.sched.host_blocks_used() == 1);
     }
-    std::vector<std::vector<token_id>> storage;
-    const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
-    REQUIRE(finished.ok());
-    for (const auto& f : *finished) {
-      done[f.id] = f.generated;
-    }
-  }
+  });
   REQUIRE(back_at_once);
   CHECK(done.size() == 4);
   CHECK_FALSE(r.sched.has_work());
@@ -687,12 +695,12 @@ TEST_CASE("a request back in the step of its swap-out leaves the shared blocks' 
   std::vector<kvkit::block_id> t_copies; // the host blocks T's swap-outs wrote
   bool t_back = false;
   bool t_read_back = false;
-  std::map<seq_id, std::vector<token_id>> done;
-  for (int step = 0; r.sched.has_work() && step < 50; ++step) {
+  const auto arrive = [&](int step) {
     if (step == 2) {
       REQUIRE(r.sched.add_request({3, t_prompt, 5, 0}).ok()); // T
     }
-    const auto& plan = r.sched.step();
+  };
+  const auto done = r.run_steps(50, arrive, [&](int step, const kvkit::step_plan& plan) {
     const auto runs = [&](seq_id id) {
       return std::any_of(plan.batch.begin(), plan.batch.end(),
                          [&](const kvkit::scheduled_sequence& s) { return s.id == id; });
@@ -715,13 +723,7 @@ TEST_CASE("a request back in the step of its swap-out leaves the shared blocks' 
             t_read_back || std::find(t_copies.begin(), t_copies.end(), c.src) != t_copies.end();
       }
     }
-    std::vector<std::vector<token_id>> storage;
-    const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
-    REQUIRE(finished.ok());
-    for (const auto& f : *finished) {
-      done[f.id] = f.generated;
-    }
-  }
+  });
   REQUIRE(split);
   CHECK(t_read_back);
   CHECK(done.size() == 3);
@@ -776,24 +778,15 @@ std::map<seq_id, std::vector<token_id>> run_shared_prefix(rig<kvkit::priority_fi
   REQUIRE(r.sched.add_request({2, prompt_of(17), 8, 0}).ok());
   std::vector<token_id> t_prompt = prompt_of(16);
   t_prompt.push_back(77);
-  std::map<seq_id, std::vector<token_id>> done;
-  for (int step = 0; r.sched.has_work() && step < 200; ++step) {
+  const auto arrive = [&](int step) {
     if (step == 2) {
       REQUIRE(r.sched.add_request({3, t_prompt, 8, 0}).ok());
     }
     if (step == 4) {
       REQUIRE(r.sched.add_request({1, prompt_of(48, 500), 4, 1}).ok());
     }
-    const auto& plan = r.sched.step();
-    on_step(step, plan);
-    std::vector<std::vector<token_id>> storage;
-    const auto finished = r.sched.complete_step(sample_all(plan, storage, nine));
-    REQUIRE(finished.ok());
-    for (const auto& f : *finished) {
-      done[f.id] = f.generated;
-    }
-  }
-  return done;
+  };
+  return r.run_steps(200, arrive, on_step);
 }
 
 } // namespace
