@@ -359,9 +359,10 @@ template <class Lengths>
 // B=64, L=2048 13% and B=32, L=8192 2-4% slower with two tiles), and fewer gain nothing (int4
 // B=1, L=2048 0-6% slower). The block length is the evenly cut chunk in NHD pages (int4 at B=8,
 // L=8192, 4 splits of 2048 keys: 3.6-8.4% faster than the one-tile kernel's 8 splits of 1024),
-// and the chunk as grown in HND pages, where int4's one-tile kernel goes without the L2 prefetch
-// and read 1.3-3.1% faster than the two-tile one at that shape (2112 keys, over the bound). A
-// cache whose K and V differ in width (no two-tile form) keeps the one-tile kernel's plan.
+// and the chunk as grown in HND pages, where int4's one-tile kernel (without the L2 prefetch its
+// NHD form then had) read 1.3-3.1% faster than the two-tile one at that shape (2112 keys, over
+// the bound). A cache whose K and V differ in width (no two-tile form) keeps the one-tile
+// kernel's plan.
 template <class Lengths>
 [[nodiscard]] constexpr decode_plan choose_splits(const decode_shape& shape, Lengths&& lengths,
                                                   std::int64_t max_len, std::int32_t sm_count) {

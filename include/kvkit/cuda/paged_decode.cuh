@@ -1292,30 +1292,6 @@ __global__ void __launch_bounds__(
   };
 
   const std::int64_t kv_gap = layout.v_data_offset() - layout.k_data_offset();
-  // int4 caches in NHD pages of at least 16 tokens, in the one-tile four-warp kernel (the one
-  // that does not `place_late`): once the tile after the ones in flight is located, its K row
-  // (lanes 0..15) or V row (lanes 16..31) is prefetched into L2. H200: without it (placed late, as
-  // the other codecs) that kernel was 2-14% slower at every length of 8192 or more, 1-5% faster at
-  // 512 and 2048; the two-tile and eight-warp int4 kernels were 2-14% faster without it, so they go
-  // without. The same prefetch made bf16 and fp8 5-12% slower and int4 with 1-token pages 17-38%
-  // slower. In HND pages (a head's rows of a page contiguous, half the L2 requests of NHD's 64-byte
-  // rows) int4 goes without as well: 2-6% faster at B=8, L=8192 and at L=512 from B=64, 0.5-0.8%
-  // slower at L=32768. Warps with no tile past the prologue skip it (docs/paged_decode_log.md).
-  // Every other kernel places its rows late, when their copies are issued (below).
-  constexpr bool place_late = !(kf::bits == 4 && vf::bits == 4 && KT == 1 && W == decode_warps &&
-                                Layout::order == kv_order::nhd);
-  const bool warm_rows = !place_late && layout.page_size() >= 16 && my_tiles > stages;
-  const auto warm = [&](const key_loc& loc) {
-    if (!warm_rows) {
-      return;
-    }
-    // K and V rows have one size here, so they lie kv_gap bytes apart (as in `issue`).
-    const std::byte* row = loc.k_row;
-    row = row != nullptr && lane >= 16 ? row + kv_gap : row;
-    if (row != nullptr) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row));
-    }
-  };
   // A parameter row's offset in its page, in 32 bits (a page is under 2 GiB: paged_layout's
   // validate). With 64-bit offsets the loop carried 64-bit sums: sm_90a code at head dim 128,
   // int4's one-tile loop 544 instructions a tile (537 now), its two-tile loop 1006 (995). H200:
@@ -1365,18 +1341,21 @@ __global__ void __launch_bounds__(
         if constexpr (lean_issue) {
           // int4 rows of NHD pages at head dim 128 (64 bytes, the neighbouring heads' rows of the
           // same key beside them, which other blocks of the grid read at about the same time) are
-          // fetched into L2 256 bytes at a time, in the kernels that do not prefetch their rows
-          // into L2 themselves (`warm`): the two-tile and eight-warp kernels. H100, against the
-          // copies without the hint (386d09c), three rounds: int4 g32 B=8, L=8192 8.7-10.4%
-          // faster (pages of 1, 16 and 64 tokens), B=8 and 32, L=2048 2.6-4.2%, B=32, L=512
-          // 1-2.3%; B=1 from 4% faster (L=32768) to 4% slower (L=8192, 0-2% faster in an earlier
-          // run of the same code); the other rows run kernels without it (within 1%). Other head
-          // dims are unmeasured and keep the plain copies. Tried wider and lost: in the one-tile
-          // kernel that prefetches, 3-17.5% slower (B=8, L=32768 and B=32 to 128 from L=8192),
-          // and for fp8 and int8 (128-byte rows) up to 9.5% slower from L=8192 at B=8 and 128
-          // (docs/paged_decode_log.md).
-          constexpr bool l2_wide = kf::bits == 4 && vf::bits == 4 && D == 128 &&
-                                   Layout::order == kv_order::nhd && place_late;
+          // fetched into L2 256 bytes at a time. H100, against the copies without the hint, three
+          // rounds: the two-tile and eight-warp kernels (386d09c) int4 g32 B=8, L=8192 8.7-10.4%
+          // faster, B=8 and 32, L=2048 2.6-4.2%, B=32, L=512 1-2.3%, B=1 within 4% either way.
+          // The one-tile kernel (762f803) placed its rows a step early and prefetched each into L2
+          // (`prefetch.global.L2`; H200: 2-14% faster from L=8192 than plain copies placed late);
+          // placed late with these fetches instead, H100: 5-12% faster at most g32 shapes from
+          // B=32, L=8192 and from B=64 (B=64, L=8192 266 to 241 us), 8-18% for g64 and g128,
+          // 11-12% with 1-token pages, B=32, L=32768 3.5% slower; H200, two rounds: 3.3-13%
+          // faster from B=32, L=8192 and from B=64 (g32 B=128, L=32768 1692 to 1583 us), B=32,
+          // L=32768 3.4-3.7% faster. Other head dims are unmeasured and keep the plain copies.
+          // Tried wider and lost: fp8 and int8 (128-byte rows) up to 9.5% slower from L=8192 at
+          // B=8 and 128, and the one-tile int4 kernel with both the prefetch and these fetches,
+          // 3-17.5% (docs/paged_decode_log.md).
+          constexpr bool l2_wide =
+              kf::bits == 4 && vf::bits == 4 && D == 128 && Layout::order == kv_order::nhd;
           const int at = sl::template at<chunks, row>(key, chunk * 16);
           cp_async_to<16, l2_wide>(base_s + static_cast<std::uint32_t>(off + at), src, valid);
           if constexpr (decltype(both_c)::value) {
@@ -1450,28 +1429,21 @@ __global__ void __launch_bounds__(
     }
   };
 
-  // Prologue: the page ids of the first `stages` tiles (`ids_ahead` more) read together (one round
-  // trip to memory, not one per tile: the copies' asm orders every later read after them), then the
-  // first stages-KT tiles in flight, and the next KT tiles' pages located. The loop takes KT tiles
-  // a step; where the warp's tiles are not a multiple of KT, the last step's extra tile is copied
-  // as zeros (its page is -1) and its keys are masked like any key past the range.
+  // Prologue: the page ids of the first `stages` tiles read together (one round trip to memory,
+  // not one per tile: the copies' asm orders every later read after them), then the first
+  // stages-KT tiles in flight, and the next KT tiles' pages located. The loop takes KT tiles a
+  // step; where the warp's tiles are not a multiple of KT, the last step's extra tile is copied as
+  // zeros (its page is -1) and its keys are masked like any key past the range.
   const std::int32_t my_steps = (my_tiles + KT - 1) / KT;
   const std::int32_t loop_tiles = my_steps * KT;
   // How the loop locates its next tiles (`next`, `next_id` below): their rows are placed (and, in
   // debug mode, the ids checked) only when their copies are issued, a step after the ids are read:
   // placed at once, each step waited there for its id's round trip to memory (H200, bf16 B=1: the
-  // loop's most sampled stall). The one int4 kernel that prefetches rows into L2 (`warm`: NHD
-  // pages only) places them a step before their copies, and so reads the ids a step before that
-  // (`ids_ahead` more in the prologue). Read and placed in one step, the place waited for the id
-  // (Nsight Compute, int4 B=128, L=32768: 11% of the loop's samples); a step ahead, H200: 1-2.5%
-  // faster at most shapes, 5-16% with 1-token pages, 2-3% slower at B=128, L=32768 (bound by its
-  // instructions, 7 more a tile). Two steps ahead, the ids moved along in registers, ran 1-6%
-  // slower than one (up to 23% with 1-token pages).
-  constexpr int ids_ahead = place_late ? 0 : KT;
-  std::int32_t first_ids[stages + ids_ahead];
-  std::int32_t first_slots[stages + ids_ahead];
+  // loop's most sampled stall).
+  std::int32_t first_ids[stages];
+  std::int32_t first_slots[stages];
 #pragma unroll
-  for (int t = 0; t < stages + ids_ahead; ++t) {
+  for (int t = 0; t < stages; ++t) {
     first_ids[t] = page_of(t, first_slots[t]);
   }
   // The prologue's copies of the warp's tile t (nothing past the warp's steps), one group a tile.
@@ -1527,11 +1499,6 @@ __global__ void __launch_bounds__(
   for (int k = 0; k < KT; ++k) {
     next_id[k] = first_ids[stages - KT + k];
     next_slot[k] = first_slots[stages - KT + k];
-    if constexpr (!place_late) {
-      place(next_id[k], next_slot[k], next[k]);
-      next_id[k] = first_ids[stages + k]; // the ids a step ahead of `next`
-      next_slot[k] = first_slots[stages + k];
-    }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // In a cluster merge, every block's mailbox is set up (each block arrived as it started):
@@ -1656,22 +1623,14 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
       if (t + stages - KT + kt < loop_tiles) {
-        if constexpr (place_late) {
-          place(next_id[kt], next_slot[kt], next[kt]);
-        }
+        place(next_id[kt], next_slot[kt], next[kt]);
         issue(ring(write_stage, kt), next[kt]);
       }
       cp_async_commit();
     }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      if constexpr (place_late) {
-        next_id[kt] = page_of(t + stages + kt, next_slot[kt]);
-      } else {
-        place(next_id[kt], next_slot[kt], next[kt]);
-        warm(next[kt]);
-        next_id[kt] = page_of(t + stages + KT + kt, next_slot[kt]);
-      }
+      next_id[kt] = page_of(t + stages + kt, next_slot[kt]);
     }
     if constexpr (KT == 1) {
       read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
