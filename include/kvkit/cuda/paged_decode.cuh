@@ -1354,17 +1354,17 @@ __global__ void __launch_bounds__(
           // L=8192 in pages of 16 and 64 tokens (g32 B=128, L=32768 1692 to 1583 us), B=32, L=32768
           // included. At head dim 64, H100, g32 from B=32, L=8192: 30-38% faster than the prefetch
           // from B=64, 23-26% at B=32 (where plain copies placed late were 0.6-2.2% faster still),
-          // and with 1-token pages 5-7% slower than plain copies; the two-tile kernel there, two
-          // rounds: B=8 and 32 up to 2.7% faster than plain copies (0.5% slower at worst), B=1,
-          // L=8192 2% slower, 0.65% faster by geometric mean over its 18 rows, while the eight-warp
-          // kernel (B=1) ran 0.9% slower with them by geometric mean (4.4% faster to 7.4% slower a
-          // row) and keeps plain copies. At head dim 256 (128-byte rows) plain copies: in the
+          // and with 1-token pages 5-7% slower than plain copies. At head dim 64 (H100, g32, two
+          // rounds) the two-tile kernel with them: B=8 and 32 up to 2.7% faster than plain copies
+          // (0.5% slower at worst), B=1, L=8192 2% slower, 0.65% faster by geometric mean over its
+          // 18 rows; the eight-warp kernel (B=1, L=2048) from 4.4% faster to 1.0% slower, no clear
+          // gain, so it keeps plain copies. At head dim 256 (128-byte rows) plain copies: in the
           // one-tile kernel 1-4% faster than the prefetch, these fetches up to 4% slower than it at
-          // L=32768; in the eight-warp kernel (B=1) these fetches up to 3.5% slower. Without them
-          // (plain copies) the one-tile kernel at head dim 128 ran 5.6-27% slower from B=8, L=32768
-          // and B=32, L=8192 (H100). Tried wider and lost: fp8 and int8 (128-byte rows) up to 9.5%
-          // slower from L=8192 at B=8 and 128, and the one-tile int4 kernel with both the prefetch
-          // and these fetches, 3-17.5% (docs/paged_decode_log.md).
+          // L=32768; in the eight-warp kernel (B=1, L=2048) these fetches 0.7-3.5% slower. Without
+          // them (plain copies) the one-tile kernel at head dim 128 ran 5.6-27% slower (g32) from
+          // B=8, L=32768 and B=32, L=8192 (H100). Tried wider and lost: fp8 and int8 (128-byte
+          // rows) up to 9.5% slower from L=8192 at B=8 and 128, and the one-tile int4 kernel with
+          // both the prefetch and these fetches, 3-17.5% (docs/paged_decode_log.md).
           constexpr bool l2_wide = kf::bits == 4 && vf::bits == 4 &&
                                    (D == 128 || (D == 64 && W == decode_warps)) &&
                                    Layout::order == kv_order::nhd;
