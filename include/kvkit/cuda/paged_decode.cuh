@@ -1339,32 +1339,23 @@ __global__ void __launch_bounds__(
         const bool valid = r != nullptr;
         const std::byte* const src = (valid ? r : p.cache) + chunk * 16;
         if constexpr (lean_issue) {
-          // int4 rows of NHD pages (the neighbouring heads' rows of the same key beside them, which
-          // other blocks of the grid read at about the same time) are fetched into L2 256 bytes at
-          // a time: at head dim 128 (64-byte rows) in every kernel, at 64 (32-byte rows) in the
-          // four-warp kernels (one tile and two). H100, three rounds, against plain copies: the
-          // two-tile and eight-warp kernels (386d09c) int4 g32 B=8, L=8192 8.7-10.4% faster, B=8
-          // and 32, L=2048 2.6-4.2%, B=32, L=512 1-2.3%, B=1 within 4% either way. The one-tile
-          // kernel (762f803) placed its rows a step early and prefetched each into L2 in pages of
-          // 16 tokens or more (`prefetch.global.L2`; H200: 2-14% faster from L=8192 than plain
-          // copies placed late). Placed late with these fetches instead, at head dim 128, H100: g32
-          // 5.5-10% faster from B=64 and at B=32, L=8192 (B=64, L=8192 266 to 241 us), 11-12% at
-          // B=8, L=32768 and with 1-token pages, B=32, L=32768 3.5% slower; g64 and g128 8-18% from
-          // B=64 and at B=32, L=8192; H200, two rounds: 3.3-13.4% faster from B=64 and at B=32 from
-          // L=8192 in pages of 16 and 64 tokens (g32 B=128, L=32768 1692 to 1583 us), B=32, L=32768
-          // included. At head dim 64, H100, g32 from B=32, L=8192: 30-38% faster than the prefetch
-          // from B=64, 23-26% at B=32 (where plain copies placed late were 0.6-2.2% faster still),
-          // and with 1-token pages 5-7% slower than plain copies. At head dim 64 (H100, g32, two
-          // rounds) the two-tile kernel with them: B=8 and 32 up to 2.7% faster than plain copies
-          // (0.5% slower at worst), B=1, L=8192 2% slower, 0.65% faster by geometric mean over its
-          // 18 rows; the eight-warp kernel (B=1, L=2048) from 4.4% faster to 1.0% slower, no clear
-          // gain, so it keeps plain copies. At head dim 256 (128-byte rows) plain copies: in the
-          // one-tile kernel 1-4% faster than the prefetch, these fetches up to 4% slower than it at
-          // L=32768; in the eight-warp kernel (B=1, L=2048) these fetches 0.7-3.5% slower. Without
-          // them (plain copies) the one-tile kernel at head dim 128 ran 5.6-27% slower (g32) from
-          // B=8, L=32768 and B=32, L=8192 (H100). Tried wider and lost: fp8 and int8 (128-byte
-          // rows) up to 9.5% slower from L=8192 at B=8 and 128, and the one-tile int4 kernel with
-          // both the prefetch and these fetches, 3-17.5% (docs/paged_decode_log.md).
+          // int4 rows of NHD pages lie between the neighbouring heads' rows of the same key, which
+          // other blocks of the grid read at about the same time, so they are fetched into L2 256
+          // bytes at a time: at head dim 128 (64-byte rows) in every kernel, at 64 (32-byte rows)
+          // in the four-warp kernels. Against plain copies (H100 unless named; each run is in
+          // docs/paged_decode_log.md):
+          // - head dim 128: the two-tile and eight-warp kernels, int4 g32 B=8, L=8192 8.7-10.4%
+          //   faster; the one-tile kernel on plain copies 5.6-27% slower from B=8, L=32768 and
+          //   B=32, L=8192, and with these fetches 3.3-13.4% faster from B=64 (H200) than with the
+          //   L2 prefetch a step early (`prefetch.global.L2`) that it had before;
+          // - head dim 64: the one-tile kernel 30-38% faster than that prefetch from B=64, the
+          //   two-tile kernel 0.65% faster by geometric mean (B=1, L=8192 2% slower), the
+          //   eight-warp kernel (B=1, L=2048) no clear gain, so it keeps plain copies;
+          // - head dim 256 (128-byte rows): plain copies; the fetches ran up to 4% slower than the
+          //   prefetch in the one-tile kernel and 0.7-3.5% slower than plain copies in the
+          //   eight-warp kernel.
+          // Tried wider and lost: fp8 and int8 (128-byte rows) up to 9.5% slower from L=8192 at
+          // B=8 and 128, and the one-tile kernel with both the prefetch and these fetches, 3-17.5%.
           constexpr bool l2_wide = kf::bits == 4 && vf::bits == 4 &&
                                    (D == 128 || (D == 64 && W == decode_warps)) &&
                                    Layout::order == kv_order::nhd;
