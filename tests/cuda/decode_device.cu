@@ -649,6 +649,33 @@ std::vector<std::string> decode_choice_failures() {
     expect(d.tiles == 1 && d.plan.max_splits == p.splits && d.plan.chunk_tokens == p.chunk,
            std::string(p.name) + " on 66 SMs: the plan's splits, one tile", d);
   }
+  // "int4 in NHD pages on blocks of four KV heads": the head-split build for the plans that say
+  // so, with a quarter of the grid's y; the same plan over HND pages (which the plan leaves to
+  // blocks of one head) on the one-tile build of one head a block, four times the blocks.
+  {
+    using int4_nhd = kvkit::paged_layout<kvkit::int4_group_codec<32>>;
+    using int4_hnd = kvkit::paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>,
+                                         kv_order::hnd>;
+    for (const auto& [name, lens] : {std::pair{"32 x 32768", lengths_below(32, 32768, 11, 97)},
+                                     std::pair{"64 x 32768", lengths_below(64, 32768, 13, 301)}}) {
+      const auto c = chosen<128>(int4_nhd(16, 8, 128), 64, lens);
+      expect(c.tiles == 1 && c.warps == decode_warps && c.ring == 0 &&
+                 c.heads == kvkit::decode_plan::head_split_heads &&
+                 c.plan.heads_per_block == kvkit::decode_plan::head_split_heads &&
+                 c.blocks == static_cast<std::int64_t>(c.plan.max_splits) * 2 *
+                                 static_cast<std::int64_t>(lens.size()),
+             std::string("int4 g32 NHD ") + name + ": four KV heads a block", c);
+      kvkit::cuda::decode_args<int4_hnd, __nv_bfloat16> a;
+      a.layout = int4_hnd(16, 8, 128);
+      a.table.batch_size = static_cast<std::int32_t>(lens.size());
+      a.table.page_size = 16;
+      const auto h = kvkit::cuda::detail::decode_build_chosen<128>(a, c.plan, 132, 227 * 1024);
+      expect(h.tiles == 1 && h.heads == 1 &&
+                 h.blocks == static_cast<std::int64_t>(c.plan.max_splits) * 8 *
+                                 static_cast<std::int64_t>(lens.size()),
+             std::string("int4 g32 HND ") + name + " under that plan: one KV head a block", h);
+    }
+  }
   // bf16 at head dim 256, whose own ring takes more shared memory than an A100 lets a block
   // opt in to: its own ring at 227 KiB, the short ring at 163 KiB (an A100's), the narrow build
   // at 99 KiB (compute capability 8.6, 8.9 and 12.x), each sized build given the opt-in.
@@ -841,6 +868,24 @@ std::vector<std::string> decode_validation_failures() {
   bad_plan = plan;
   bad_plan.shape.num_q_heads = 2 * 17;
   check("group of 17", good, bad_plan, fake, ws, false);
+  // KV heads a block: 1, or decode_plan::head_split_heads where the KV heads are a multiple of
+  // it and the splits at most head_split_max_splits. A cache without the head-split build (bf16
+  // here) runs such a plan on blocks of one head, so it is accepted.
+  bad_plan = plan;
+  bad_plan.heads_per_block = 2;
+  check("two KV heads a block", good, bad_plan, fake, ws, false);
+  bad_plan.heads_per_block = kvkit::decode_plan::head_split_heads;
+  check("blocks of four KV heads over two", good, bad_plan, fake, ws, false);
+  {
+    a = good;
+    a.layout = layout_t(16, 4, 128);
+    auto four = *kvkit::plan_decode({3, 16, 4, 128, 0}, lens, 132);
+    four.heads_per_block = kvkit::decode_plan::head_split_heads;
+    check("blocks of four KV heads over four", a, four, fake, four.workspace_bytes(), true);
+    four.max_splits = kvkit::decode_plan::head_split_max_splits + 1;
+    check("blocks of four KV heads, more splits than their merge holds", a, four, fake,
+          four.workspace_bytes(), false);
+  }
   // fp8 without its static scales (and with them, accepted), a per-channel codec and a codec of
   // the caller's own: the good case's arguments otherwise, each under a plan made for its layout,
   // so that only the check of the codec or of its scales can refuse it.
@@ -891,17 +936,20 @@ namespace {
 // One kernel's resident blocks per multiprocessor with its own shared memory and with what the
 // launcher asks for (decode_held_smem, for blocks of decode_warps warps): a line in `failed` where
 // the first is below the blocks its grids are cut for (decode_planned_blocks) or the second is not
-// exactly that.
-template <class Layout, class T, int D, int NT, int KT, int W, int Ring>
+// exactly that. The head-split build (HB heads a block) is counted with its cluster mailboxes,
+// four times a one-head block's: its splits merge in clusters where they all fit.
+template <class Layout, class T, int D, int NT, int KT, int W, int Ring, int HB = 1>
 void check_residency(const std::string& what, int device, std::vector<std::string>& failed) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
-  const auto kernel = kd::paged_decode_kernel<Layout, T, D, NT, KT, W, Ring>;
+  const auto kernel = kd::paged_decode_kernel<Layout, T, D, NT, KT, W, Ring, HB>;
   constexpr int planned = kd::decode_planned_blocks<K, V, D, NT, KT, W>;
-  constexpr int need = kd::decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
+  constexpr int need = HB > 1 ? kd::decode_cluster_smem_bytes<K, V, D, NT, KT, W, Ring, HB>()
+                              : kd::decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
   const std::string name = what + " D=" + std::to_string(D) + " NT=" + std::to_string(NT) +
                            " KT=" + std::to_string(KT) + " W=" + std::to_string(W) +
-                           (Ring > 0 ? " ring " + std::to_string(Ring) : "");
+                           (Ring > 0 ? " ring " + std::to_string(Ring) : "") +
+                           (HB > 1 ? " heads " + std::to_string(HB) : "");
   // The limit only goes up (a launcher that raised it for its cluster mailboxes counts on it).
   cudaFuncAttributes attributes{};
   int own = 0;
@@ -934,13 +982,17 @@ void check_residency(const std::string& what, int device, std::vector<std::strin
 }
 
 // The kernels the launcher may run for a cache of `Layout` at head dim D with NT query tiles
-// (launch_decode): the one-tile kernel's own build and, where they exist, the two-tile kernel and
-// its long ring, the short ring, the narrow build and the wide kernel.
+// (launch_decode): the one-tile kernel's own build and, where they exist, its head-split build,
+// the two-tile kernel and its long ring, the short ring, the narrow build and the wide kernel.
 template <class Layout, class T, int D, int NT>
 void check_residency_tiles(const std::string& what, int device, std::vector<std::string>& failed) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   check_residency<Layout, T, D, NT, 1, kd::decode_warps, 0>(what, device, failed);
+  if constexpr (kd::decode_head_split_fit<Layout, D, NT>()) {
+    check_residency<Layout, T, D, NT, 1, kd::decode_warps, 0, kvkit::decode_plan::head_split_heads>(
+        what, device, failed);
+  }
   if constexpr (kd::decode_two_tiles_fit<K, V, D, NT>()) {
     check_residency<Layout, T, D, NT, 2, kd::decode_warps, 0>(what, device, failed);
     if constexpr (kd::decode_long_ring_fit<K, V, D, NT>()) {

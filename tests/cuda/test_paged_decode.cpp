@@ -563,6 +563,47 @@ TEST_CASE("paged_decode: fp8 split plans paired on the two-tile kernel's shallow
   check_decode<128, fp8_nhd, __nv_bfloat16>(nhd, 4, mid, seed + 2, {}, 132, false);
 }
 
+TEST_CASE("paged_decode: int4 in NHD pages on blocks of four KV heads", "[cuda][decode]") {
+  // Plans whose grids of the one-tile kernel exceed one block an SM, with chunks of 4 *
+  // head_split_min_keys keys or more, which give an int4 cache in NHD pages blocks of four KV
+  // heads, a head a warp, over a quarter of the keys (decode_plan::heads_per_block). Planned for
+  // few SMs, so that short batches make such chunks: 6 sequences of 16413 to 16500 keys over 8 KV
+  // heads for 16 SMs, whole sequences of one head a block that become 4 splits of 4160 keys
+  // merging in clusters of 4; one of 50000 keys for 6 SMs, 3 splits that become 12 merging
+  // through the workspace; and 12 sequences of 16413 to 16500 keys over 4 KV heads (one block of
+  // heads a sequence). Lengths vary, so last tiles and pages are partial. Then, on the first
+  // batch, a soft cap with an explicit scale, and a window of 9000 keys (whose plan keeps blocks
+  // of one head: the same outputs either way).
+  const std::uint64_t seed = kvkit_test::test_seed(0x4EAD);
+  using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
+  const int4_nhd layout(16, 8, 128);
+  const int4_nhd four(16, 4, 128);
+  const std::vector<std::int32_t> batch = kvkit_test::lengths_below(6, 16500, 29, 97);
+  const std::vector<std::int32_t> one{50000};
+  const std::vector<std::int32_t> twelve = kvkit_test::lengths_below(12, 16500, 29, 97);
+  const auto plan_of = [](const auto& l, const std::vector<std::int32_t>& lens, std::int32_t sms) {
+    const auto plan = kvkit::plan_decode(
+        kvkit::decode_shape_for(l, static_cast<std::int32_t>(lens.size()), 32), lens, sms);
+    REQUIRE(plan.ok());
+    INFO("chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
+    CHECK(plan->heads_per_block == kvkit::decode_plan::head_split_heads);
+    return *plan;
+  };
+  CHECK(plan_of(layout, batch, 16).max_splits == 4);
+  CHECK(plan_of(layout, one, 6).max_splits > kvkit::decode_plan::max_cluster_splits);
+  CHECK(plan_of(four, twelve, 16).max_splits == 4);
+  std::uint64_t s = seed;
+  for (const std::int32_t group : {4, 8}) {
+    check_decode<128, int4_nhd, __nv_bfloat16>(layout, group, batch, ++s, {}, 16);
+    check_decode<128, int4_nhd, __nv_bfloat16>(layout, group, one, ++s, {}, 6);
+  }
+  check_decode<128, int4_nhd, __nv_bfloat16>(four, 8, twelve, ++s, {}, 16);
+  for (const kvkit::attention_options o :
+       {kvkit::attention_options{0.05F, 0, 2.0F}, kvkit::attention_options{0.0F, 9000, 0.0F}}) {
+    check_decode<128, int4_nhd, __nv_bfloat16>(layout, 8, batch, ++s, o, 16);
+  }
+}
+
 TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][decode]") {
   const std::uint64_t seed = kvkit_test::test_seed(0x0B7);
   const std::vector<std::int32_t> lens{1, 40, 513, 2500};

@@ -334,9 +334,13 @@ TEST_CASE("plan_decode keeps an 8-bit cache's sequences whole where two blocks a
     // on the busiest one.
     CHECK(plan(fp8, 24, len).max_splits == 2);
     // int4 keeps four blocks an SM (its loop is bound by instructions; at L=2048 its plan is the
-    // two-tile kernel's).
+    // two-tile kernel's): 2 splits of one KV head a block, which its NHD pages take as 8 splits
+    // of a quarter on blocks of four heads where that quarter is head_split_min_keys or more.
     if (len >= 8192) {
-      CHECK(plan(int4, 32, len).max_splits == 2);
+      const bool split_heads = len / 2 / 4 >= decode_plan::head_split_min_keys;
+      CHECK(plan(int4, 32, len).max_splits == (split_heads ? 8 : 2));
+      CHECK(plan(int4, 32, len).heads_per_block ==
+            (split_heads ? decode_plan::head_split_heads : 1));
       CHECK(!plan(int4, 32, len).two_tiles);
     }
   }
@@ -438,6 +442,11 @@ TEST_CASE("plan_decode plans an int4 cache for the two-tile kernel where one wav
   // Split for two blocks where it takes the two-tile kernel, for four otherwise.
   CHECK(plan(32, 2048).max_splits == 1);
   CHECK(plan(64, 2048).max_splits == 1);
+  // Whole sequences of one KV head a block, too short for blocks of four heads (a quarter of
+  // 2048 keys is under head_split_min_keys); at L=32768, 4 splits of 8192 on blocks of four.
+  CHECK(plan(64, 2048).heads_per_block == 1);
+  CHECK(plan(64, 32768).heads_per_block == decode_plan::head_split_heads);
+  CHECK(plan(64, 32768).max_splits == 4);
   // 8192 keys cut evenly for two blocks a multiprocessor: 4 splits of 2048, two tiles a step.
   CHECK(plan(8, 8192).two_tiles);
   CHECK(plan(8, 8192).max_splits == 4);
@@ -453,7 +462,8 @@ TEST_CASE("plan_decode plans an int4 cache for the two-tile kernel where one wav
   REQUIRE(hnd_plan.ok());
   CHECK(!hnd_plan->two_tiles);
   CHECK(hnd_plan->max_splits == 8);
-  // Elsewhere both orders plan alike.
+  // Elsewhere both orders plan alike, but for the NHD pages' blocks of four KV heads with a
+  // quarter of the keys (decode_plan::heads_per_block).
   for (const std::int32_t batch : {1, 8, 32, 64}) {
     for (const std::int32_t len : {512, 2048, 32768}) {
       INFO("B=" << batch << " L=" << len);
@@ -463,7 +473,10 @@ TEST_CASE("plan_decode plans an int4 cache for the two-tile kernel where one wav
       REQUIRE(n.ok());
       REQUIRE(h.ok());
       CHECK(n->two_tiles == h->two_tiles);
-      CHECK(n->chunk_tokens == h->chunk_tokens);
+      CHECK(h->heads_per_block == 1);
+      CHECK(n->chunk_tokens ==
+            kvkit::detail::whole_tiles((h->chunk_tokens + n->heads_per_block - 1) /
+                                       n->heads_per_block));
     }
   }
 }
@@ -639,12 +652,26 @@ TEST_CASE("plan_decode's plans hold their invariants over random shapes, lengths
     CHECK((plan->max_splits - 1) * chunk < max_len);
     CHECK((plan->workspace_bytes() == 0) == (plan->max_splits == 1));
     CHECK((!plan->two_tiles || kvkit::detail::two_tiles_cache(shape)));
+    // Blocks of several KV heads only for a cache that has that build, off the two-tile kernel,
+    // on a grid of more blocks than multiprocessors, with splits their merge holds.
+    auto attended_lengths = [&](auto&& f) {
+      for (const std::int32_t len : lens) {
+        f(kvkit::detail::attended(len, shape.window));
+      }
+    };
+    CHECK((plan->heads_per_block == 1 ||
+           (plan->heads_per_block == decode_plan::head_split_heads &&
+            kvkit::detail::head_split_cache(shape) && !plan->two_tiles &&
+            plan->max_splits <= decode_plan::head_split_max_splits &&
+            chunk >= decode_plan::head_split_min_keys &&
+            kvkit::detail::block_count(shape, attended_lengths, chunk) > sms)));
     CHECK(!plan->graph_safe);
     const auto again = kvkit::plan_decode(shape, lens, sms);
     REQUIRE(again.ok());
     CHECK(again->chunk_tokens == plan->chunk_tokens);
     CHECK(again->max_splits == plan->max_splits);
     CHECK(again->two_tiles == plan->two_tiles);
+    CHECK(again->heads_per_block == plan->heads_per_block);
 
     const std::int32_t bound = *std::max_element(lens.begin(), lens.end());
     const auto graph = kvkit::plan_decode_graph_safe(shape, bound, sms);

@@ -147,7 +147,28 @@ struct decode_plan {
   //! whole sequences of two_tiles_min_keys keys or more that makes one wave of two blocks per
   //! multiprocessor (fp8 at B=32), whatever this says.
   bool two_tiles = false;
+  //! KV heads a thread block takes: 1, its warps sharing each split's keys, or
+  //! head_split_heads, each warp taking one head over all of the split's keys. An int4 cache in
+  //! NHD pages at head dim 128 with groups up to 8 and KV heads a multiple of four takes
+  //! head_split_heads where its grid of the one-tile kernel is larger than one block per
+  //! multiprocessor and a quarter of its chunk is head_split_min_keys or more: four times the
+  //! splits of a quarter of the keys (the same blocks, each warp as many keys). A key's rows of
+  //! four neighbouring heads, 256 contiguous bytes, are then read by one block at once instead of
+  //! by four blocks that drift apart (see choose_splits). The launcher runs any other cache's plan
+  //! that says so (made by hand, or for an HND cache) as a plan of one head a block.
+  std::int32_t heads_per_block = 1;
 
+  //! KV heads a thread block of the head-split kernel takes (one a warp).
+  static constexpr std::int32_t head_split_heads = 4;
+  //! The most splits a sequence is cut into for blocks of head_split_heads heads (the block that
+  //! merges them keeps every split's weight for all its query heads in shared memory).
+  static constexpr std::int32_t head_split_max_splits = 64;
+  //! The fewest keys a block of head_split_heads heads is planned for (each of its warps takes
+  //! them all). Shorter ones lost to the blocks of one head that they replace (H100, int4 at 8 KV
+  //! heads: whole sequences of 512 and 2048 keys at B=64 and 128 as 4 splits of 128 and 512,
+  //! 10-79% slower; B=8, L=32768 as 32 splits of 1024, 26-39% slower with groups of 8 heads;
+  //! blocks of 1024 and 2048 keys from 7% faster to 6% slower).
+  static constexpr std::int32_t head_split_min_keys = 4096;
   //! Keys a thread block of four warps processes per step (each warp takes 16); chunks are whole
   //! multiples of it, whatever the warps of the block that runs them.
   static constexpr std::int32_t tile_tokens = 64;
@@ -212,6 +233,15 @@ namespace detail {
 [[nodiscard]] constexpr bool two_tiles_cache(const decode_shape& shape) {
   return shape.kv_scaled_one_width && (shape.kv_bits == 4 || shape.kv_bits == 8) &&
          shape.head_dim <= 128 && shape.group_size() <= 8;
+}
+
+// Whether the plan may give a cache of `shape` blocks of decode_plan::head_split_heads KV heads:
+// int4 K and V in NHD pages at head dim 128, groups up to 8, KV heads a multiple of four
+// (kvkit::cuda::detail::decode_head_split_fit on the device side).
+[[nodiscard]] constexpr bool head_split_cache(const decode_shape& shape) {
+  return shape.kv_scaled_one_width && shape.kv_bits == 4 && shape.order == kv_order::nhd &&
+         shape.head_dim == 128 && shape.group_size() <= 8 &&
+         shape.num_kv_heads % decode_plan::head_split_heads == 0;
 }
 
 // Keys a sequence of `len` tokens attends to under `window`.
@@ -379,16 +409,36 @@ template <class Lengths>
                 (decided >= 4 * decode_plan::tile_tokens &&
                  decided <= 32 * decode_plan::tile_tokens && one_wave_of_two(blocks, sms));
   }
+  std::int32_t heads_per_block = 1;
   if (!two_tiles) {
     chunk = even_chunk(
         shape, lengths, max_len,
         chunk_for(shape, lengths, max_len, sms,
                   decode_blocks_per_sm(shape.kv_bits, shape.head_dim, shape.group_size())));
+    // An int4 cache in NHD pages, on a grid of more blocks than multiprocessors: the same blocks
+    // as four heads each, with a quarter of the keys (decode_plan::heads_per_block), where that
+    // is at least head_split_min_keys. In NHD pages a block of one head reads 64 of each key's
+    // 512 bytes (8 KV heads); the 256-byte L2 fetches it makes (the kernel's `l2_wide`) serve
+    // the blocks of its three neighbours only if they read the same keys soon after, and over long
+    // blocks they drift apart: H100, int4 g32 at B=32, L=32768 g8 (2 splits of 16384 keys) read
+    // 1.74 GB from DRAM for 1.34 GB of cache and took 650 us, where HND pages read 1.34 GB in 465.
+    // As blocks of four heads (8 splits of 4096 keys), against blocks of one, in one call: B=32,
+    // L=32768 24-30% less time, B=64 and 128, L=32768 7-15% less (int4 groups of 32, 64, 128).
+    if (head_split_cache(shape) && block_count(shape, lengths, chunk) > sms) {
+      constexpr std::int64_t heads = decode_plan::head_split_heads;
+      const std::int64_t quarter = whole_tiles((chunk + heads - 1) / heads);
+      if (quarter >= decode_plan::head_split_min_keys &&
+          (max_len + quarter - 1) / quarter <= decode_plan::head_split_max_splits) {
+        chunk = quarter;
+        heads_per_block = decode_plan::head_split_heads;
+      }
+    }
   }
   decode_plan plan;
   plan.shape = shape;
   plan.chunk_tokens = static_cast<std::int32_t>(chunk);
   plan.two_tiles = two_tiles;
+  plan.heads_per_block = heads_per_block;
   plan.max_splits =
       static_cast<std::int32_t>((std::max<std::int64_t>(max_len, 1) + chunk - 1) / chunk);
   return plan;

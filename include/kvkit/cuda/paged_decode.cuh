@@ -124,7 +124,9 @@ inline constexpr bool decode_codec = device_codec<C> &&
 //! unless the plan is graph-safe; the plan's batch and KV heads are at most 65535 each, the grid's
 //! z and y: decode_shape::validate), the pointers are set (the fp8 scales' pointer included: their
 //! values, on the device, are not checked; the cache, queries and outputs 16-byte aligned), options
-//! are in range, the workspace holds plan.workspace_bytes() 16-byte-aligned bytes, and zeroed
+//! are in range, the plan's heads_per_block is 1, or decode_plan::head_split_heads with KV heads a
+//! multiple of it and at most decode_plan::head_split_max_splits splits, the workspace holds
+//! plan.workspace_bytes() 16-byte-aligned bytes, and zeroed
 //! counters, where given, number at least plan.counter_count() (a count without counters:
 //! bad_argument). The sequences' lengths are not checked on the host: each holds at most 2^30 keys
 //! (the kernel locates keys in 32 bits; the plans refuse longer lengths and bounds, window or not).
@@ -151,7 +153,10 @@ template <class Layout, query_element T>
   }
   if (plan.chunk_tokens <= 0 || plan.chunk_tokens % decode_plan::tile_tokens != 0 ||
       plan.chunk_tokens > kvkit::detail::max_decode_keys || plan.max_splits <= 0 ||
-      plan.max_splits > decode_plan::max_splits_limit) {
+      plan.max_splits > decode_plan::max_splits_limit ||
+      (plan.heads_per_block != 1 && (plan.heads_per_block != decode_plan::head_split_heads ||
+                                     s.num_kv_heads % decode_plan::head_split_heads != 0 ||
+                                     plan.max_splits > decode_plan::head_split_max_splits))) {
     return errc::bad_argument;
   }
   const attention_options& o = a.options;
@@ -901,23 +906,36 @@ constexpr int decode_smem_bytes() {
 // A launch whose splits merge in a thread block cluster gives each block a mailbox after the
 // rest of its shared memory: an mbarrier, then the partial outputs that the cluster's blocks push
 // to it (float4 each: every output of the group goes to one block, its owner) and their
-// log2-sum-exps. Sized for the largest group of the kernel and the most splits a cluster holds:
-// a block owns at most ceil(outputs / splits) of them from each split.
+// log2-sum-exps. Sized for the largest group of the kernel, times the block's heads (HB), and the
+// most splits a cluster holds: a block owns at most ceil(outputs / splits) of them from each
+// split.
 template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, int Ring = 0>
 constexpr int decode_mailbox_offset() {
   return (decode_smem_bytes<K, V, D, NT, KT, W, Ring>() + 127) / 128 * 128;
 }
 // Bytes one split sends an owner per output: the float4 and its log2-sum-exp.
 inline constexpr int decode_mailbox_entry_bytes = 4 * 4 + 4;
-template <int D, int NT>
+template <int D, int NT, int HB = 1>
 constexpr int decode_mailbox_bytes() {
-  constexpr int outputs = NT * 8 * (D / 4);
+  constexpr int outputs = HB * NT * 8 * (D / 4);
   return 16 + ((outputs + decode_plan::max_cluster_splits - 1) * decode_mailbox_entry_bytes + 15) /
                   16 * 16;
 }
-template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, int Ring = 0>
+template <class K, class V, int D, int NT, int KT = 1, int W = decode_warps, int Ring = 0,
+          int HB = 1>
 constexpr int decode_cluster_smem_bytes() {
-  return decode_mailbox_offset<K, V, D, NT, KT, W, Ring>() + decode_mailbox_bytes<D, NT>();
+  return decode_mailbox_offset<K, V, D, NT, KT, W, Ring>() + decode_mailbox_bytes<D, NT, HB>();
+}
+
+// Whether the head-split build exists for these codecs, order and shapes: the one-tile kernel of
+// decode_warps warps, each taking one of decode_plan::head_split_heads KV heads, for int4 K and V
+// in NHD pages at head dim 128 with groups up to 8 (the plans that choose it:
+// kvkit::detail::head_split_cache).
+template <class Layout, int D, int NT>
+constexpr bool decode_head_split_fit() {
+  return frag<typename Layout::k_codec, D>::bits == 4 &&
+         frag<typename Layout::v_codec, D>::bits == 4 && D == 128 && NT == 1 &&
+         Layout::order == kv_order::nhd && decode_warps == decode_plan::head_split_heads;
 }
 
 // Whether the two-tile kernel serves these codecs and shapes: fp8, int8 and int4 caches (K and V
@@ -1031,7 +1049,9 @@ template <class K, class V, int D, int NT, int KT, int W>
 inline constexpr int decode_planned_blocks =
     W == decode_warps ? stage_layout<K, V, D, NT, KT>::blocks_per_sm : 1;
 
-template <class Layout, class T, int D, int NT, int KT, int W, int Ring>
+// `HB`: KV heads a block takes, 1 or decode_plan::head_split_heads (a head a warp: the head-split
+// build, decode_head_split_fit).
+template <class Layout, class T, int D, int NT, int KT, int W, int Ring, int HB = 1>
 __global__ void __launch_bounds__(
     W * 32, decode_planned_blocks<typename Layout::k_codec, typename Layout::v_codec, D, NT, KT, W>)
     paged_decode_kernel(const decode_params<Layout, T> p) {
@@ -1052,10 +1072,17 @@ __global__ void __launch_bounds__(
   // alignment is stated as well.
   extern __shared__ __align__(128) uint4 smem_raw[];
 
+  // The merges scale every output by the thread's own V scale, which blocks of several heads
+  // would apply to the other heads' rows too: the head-split build is for caches without one.
+  static_assert(HB == 1 || (HB == W && NT == 1 && !vf::static_scale),
+                "a head a warp, of groups up to 8, without static V scales");
   const int split = static_cast<int>(blockIdx.x);
-  const int h = static_cast<int>(blockIdx.y);
   const int b = static_cast<int>(blockIdx.z);
   const int warp = static_cast<int>(threadIdx.x) / 32;
+  // The block's first KV head, and the warp's: in the head-split build each warp takes its own
+  // head over all of the split's keys (HB > 1), otherwise the warps share one head's keys.
+  const int h_block = static_cast<int>(blockIdx.y) * HB;
+  const int h = HB > 1 ? h_block + warp : h_block;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4;
   const int i = lane % 4;
@@ -1168,10 +1195,21 @@ __global__ void __launch_bounds__(
   const std::int32_t c0 = lo + split * chunk;
   const std::int32_t c1 = c0 + chunk < len ? c0 + chunk : len;
   const std::int32_t ntiles = (c1 - c0 + 15) / 16;
-  const std::int32_t my_tiles = ntiles > warp ? (ntiles - warp + W - 1) / W : 0;
+  // The warp's tiles: every W-th of the split's from its own, or all of them in the head-split
+  // build. (Spelled apart: the other kernels' code is the one measured with this spelling.)
+  std::int32_t my_tiles = 0;
+  if constexpr (HB > 1) {
+    my_tiles = ntiles;
+  } else {
+    my_tiles = ntiles > warp ? (ntiles - warp + W - 1) / W : 0;
+  }
   // The first key of the warp's tile t.
   const auto tile_start = [&](std::int32_t t) {
-    return c0 + (warp + W * t) * 16;
+    if constexpr (HB > 1) {
+      return c0 + t * 16;
+    } else {
+      return c0 + (warp + W * t) * 16;
+    }
   };
 
   char* const warp_smem =
@@ -1467,7 +1505,7 @@ __global__ void __launch_bounds__(
     for (int t = 0; t < stages - KT; ++t) {
       // Spelled out rather than tile_start(t) + 16: written that way, ptxas scheduled this
       // prologue differently (its sm_90a code was compared, not its speed).
-      const std::int32_t tile_end = c0 + (warp + W * t) * 16 + 16;
+      const std::int32_t tile_end = HB > 1 ? c0 + t * 16 + 16 : c0 + (warp + W * t) * 16 + 16;
       if (early == t && t < loop_tiles && tile_end <= last_page_start) {
         start_tile(t);
         early = t + 1;
@@ -1943,7 +1981,9 @@ __global__ void __launch_bounds__(
     }
   }
   __syncthreads();
-  const std::int32_t q_head0 = h * p.group;
+  // The block's query heads are consecutive, HB groups of them (its KV heads'): row r of the
+  // block is query head q_head0 + r.
+  const std::int32_t q_head0 = h_block * p.group;
   const std::int64_t row0 = static_cast<std::int64_t>(b) * p.num_q_heads + q_head0;
   constexpr float ln2 = 0.6931471805599453F;
   // Each thread merges four consecutive channels of a head at a time, with that head's weights
@@ -1952,7 +1992,7 @@ __global__ void __launch_bounds__(
   // the mailbox of the block that owns it (st.async, completing on that block's mbarrier): no
   // block waits for another except an owner for what it is sent, and none stays to be read.
   constexpr int quads = D / 4;
-  const int outputs = p.group * quads;
+  const int outputs = HB * p.group * quads;
   const int per_owner = (outputs + nsplit - 1) / nsplit; // outputs a block owns (the last fewer)
   float* const box_o = reinterpret_cast<float*>(mailbox + 2); // [split][per_owner] float4
   [[maybe_unused]] float* const box_lse = box_o + 4 * nsplit * per_owner; // [split][per_owner]
@@ -1964,28 +2004,40 @@ __global__ void __launch_bounds__(
     const int row = e / quads;
     const int quad = e - row * quads;
     float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      mx = fmaxf(mx, red_m[w * rows + row]);
-    }
-    float wt[W];
     float sum = 0.0F;
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      wt[w] = merge_weight(red_m[w * rows + row], mx);
-      sum += wt[w] * red_l[w * rows + row];
-    }
-    const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
     float4 val = make_float4(0.0F, 0.0F, 0.0F, 0.0F);
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
+    if constexpr (HB > 1) {
+      // A head a warp: the warp's own state is the head's (no merge across warps).
+      const int w = row / p.group;
+      const int r = row - w * p.group;
+      mx = red_m[w * rows + r];
+      sum = mx == -INFINITY ? 0.0F : red_l[w * rows + r];
+      const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
       const float4 x =
-          *reinterpret_cast<const float4*>(red_o + w * rows * D + sl::red_at(row, quad * 4));
-      const float f = wt[w] * inv;
-      val.x += f * x.x;
-      val.y += f * x.y;
-      val.z += f * x.z;
-      val.w += f * x.w;
+          *reinterpret_cast<const float4*>(red_o + w * rows * D + sl::red_at(r, quad * 4));
+      val = make_float4(x.x * inv, x.y * inv, x.z * inv, x.w * inv);
+    } else {
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        mx = fmaxf(mx, red_m[w * rows + row]);
+      }
+      float wt[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        wt[w] = merge_weight(red_m[w * rows + row], mx);
+        sum += wt[w] * red_l[w * rows + row];
+      }
+      const float inv = sum > 0.0F ? 1.0F / sum : 0.0F;
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float4 x =
+            *reinterpret_cast<const float4*>(red_o + w * rows * D + sl::red_at(row, quad * 4));
+        const float f = wt[w] * inv;
+        val.x += f * x.x;
+        val.y += f * x.y;
+        val.z += f * x.z;
+        val.w += f * x.w;
+      }
     }
     const float lse2 = log2_sum_exp(mx, sum);
     if (nsplit == 1) {
@@ -2082,7 +2134,7 @@ __global__ void __launch_bounds__(
   int& last_block = *reinterpret_cast<int*>(smem_raw);
   if (threadIdx.x == 0) {
     ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> counter(
-        p.counters[static_cast<std::int64_t>(b) * layout.num_kv_heads() + h]);
+        p.counters[static_cast<std::int64_t>(b) * layout.num_kv_heads() + h_block]);
     const std::uint32_t before = counter.fetch_add(1U, ::cuda::memory_order_acq_rel);
     last_block = before == static_cast<std::uint32_t>(nsplit - 1) ? 1 : 0;
     if (last_block != 0) {
@@ -2103,15 +2155,21 @@ __global__ void __launch_bounds__(
   // 128 bytes hold the arrival flag, which other threads may still be reading.
   constexpr int smem_bytes = decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
   constexpr int threads = W * 32;
-  constexpr int max_outputs = (16 * quads + threads - 1) / threads;
-  static_assert(128 + (16 * decode_plan::max_splits_limit + 16) * 4 + 16 * D * 4 <= smem_bytes,
+  // The most query rows a block merges (a group of at most 16; in the head-split build HB groups
+  // of at most 8), and the most splits it merges.
+  constexpr int merge_rows = HB > 1 ? HB * 8 : 16;
+  constexpr int merge_splits =
+      HB > 1 ? decode_plan::head_split_max_splits : decode_plan::max_splits_limit;
+  constexpr int max_outputs = (merge_rows * quads + threads - 1) / threads;
+  static_assert(128 + (merge_rows * merge_splits + merge_rows) * 4 + merge_rows * D * 4 <=
+                    smem_bytes,
                 "the split merge needs room for every weight and one split's partials");
-  const int rows_q = p.group * quads; // float4 outputs of the group
+  const int rows_q = HB * p.group * quads; // float4 outputs of the block's rows
   float* const weights = reinterpret_cast<float*>(reinterpret_cast<char*>(smem_raw) + 128);
-  float* const row_scale = weights + p.group * nsplit; // [group]: v_static / sum of weights
-  const int weight_bytes = ((p.group * nsplit + p.group) * 4 + 15) / 16 * 16;
+  float* const row_scale = weights + HB * p.group * nsplit; // [row]: v_static / sum of weights
+  const int weight_bytes = ((HB * p.group * nsplit + HB * p.group) * 4 + 15) / 16 * 16;
   float4* const staged = reinterpret_cast<float4*>(reinterpret_cast<char*>(weights) + weight_bytes);
-  const int batch_splits = (smem_bytes - 128 - weight_bytes) / (p.group * D * 4);
+  const int batch_splits = (smem_bytes - 128 - weight_bytes) / (HB * p.group * D * 4);
   // Copies of this thread's partials of splits [s0, s0 + count) to staged[split - s0][output].
   const auto stage_splits = [&](int s0, int count) {
 #pragma unroll
@@ -2133,19 +2191,19 @@ __global__ void __launch_bounds__(
   // every head loaded at once (a warp that loaded each head's after the previous head's weights
   // waited for a round trip to L2 per head), the rest, where there are more splits, a head at a
   // time.
-  constexpr int warp_rows = (16 + W - 1) / W;
+  constexpr int warp_rows = (merge_rows + W - 1) / W;
   float lse_first[warp_rows];
 #pragma unroll
   for (int r = 0; r < warp_rows; ++r) {
     const int row = warp + r * W;
-    lse_first[r] = row < p.group && lane < nsplit
+    lse_first[r] = row < HB * p.group && lane < nsplit
                        ? __ldcg(p.part_lse + (row0 + row) * p.max_splits + lane)
                        : -INFINITY;
   }
 #pragma unroll
   for (int r = 0; r < warp_rows; ++r) {
     const int row = warp + r * W;
-    if (row >= p.group) {
+    if (row >= HB * p.group) {
       break;
     }
     const float* const lse_row = p.part_lse + (row0 + row) * p.max_splits;
@@ -2332,16 +2390,19 @@ inline bool decode_built_for_clusters(const cudaFuncAttributes& attributes) {
   return attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90;
 }
 
-// Thread blocks of a launch's grid: (split, KV head, sequence).
+// Thread blocks of a launch's grid: (split, KV heads, sequence), `heads` KV heads a block.
 template <class Layout, class T>
-std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_plan& plan) {
-  return static_cast<std::int64_t>(plan.max_splits) * plan.shape.num_kv_heads * a.table.batch_size;
+std::int64_t decode_grid_blocks(const decode_args<Layout, T>& a, const decode_plan& plan,
+                                std::int32_t heads = 1) {
+  return static_cast<std::int64_t>(plan.max_splits) * (plan.shape.num_kv_heads / heads) *
+         a.table.batch_size;
 }
 
 // One launch of the kernel taking KT tiles a step with blocks of W warps on `device`, which has
 // `sms` multiprocessors, for a grid of `blocks` (decode_grid_blocks) over a batch of at least one
 // sequence (decode_dim returns before an empty one); `smem_optin` as the dispatcher's below.
-template <class Layout, class T, int D, int NT, int KT, int W = decode_warps, int Ring = 0>
+template <class Layout, class T, int D, int NT, int KT, int W = decode_warps, int Ring = 0,
+          int HB = 1>
 cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                           cudaStream_t stream, int device, std::int32_t sms, std::int64_t blocks,
                           std::int32_t smem_optin = -1) {
@@ -2380,8 +2441,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     p.part_o = reinterpret_cast<float*>(ws + plan.partial_outputs_offset());
   }
   constexpr int smem_need = decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
-  constexpr int cluster_need = decode_cluster_smem_bytes<K, V, D, NT, KT, W, Ring>();
-  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W, Ring>;
+  constexpr int cluster_need = decode_cluster_smem_bytes<K, V, D, NT, KT, W, Ring, HB>();
+  const auto kernel = paged_decode_kernel<Layout, T, D, NT, KT, W, Ring, HB>;
   // The shared-memory limit is raised once per device (a host call per launch would cost more
   // than a small decode takes on the GPU).
   static std::atomic<std::uint64_t> raised{0};
@@ -2467,7 +2528,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     }
   }
   const dim3 grid(static_cast<unsigned>(plan.max_splits),
-                  static_cast<unsigned>(plan.shape.num_kv_heads),
+                  static_cast<unsigned>(plan.shape.num_kv_heads / HB),
                   static_cast<unsigned>(a.table.batch_size));
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
@@ -2550,8 +2611,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       // every launch, a query that keeps failing would cost each one a host round of its own.
       known.store(n + 1, std::memory_order_release);
     }
-    p.cluster =
-        static_cast<std::int64_t>(a.table.batch_size) * plan.shape.num_kv_heads <= max_clusters;
+    p.cluster = static_cast<std::int64_t>(a.table.batch_size) * (plan.shape.num_kv_heads / HB) <=
+                max_clusters;
   }
   config.attrs = p.cluster ? attrs : attrs + 1;
   config.numAttrs = p.cluster ? 2 : 1;
@@ -2599,6 +2660,14 @@ template <class Layout, class T, int D, int NT, class Optin, class Run>
 auto dispatch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, std::int32_t sms,
                      [[maybe_unused]] const Optin& optin, [[maybe_unused]] std::int32_t smem_optin,
                      Run&& run) {
+  if constexpr (decode_head_split_fit<Layout, D, NT>()) {
+    // A plan of blocks of several heads (decode_plan::heads_per_block) runs the head-split build;
+    // a plan that says so for a cache without that build runs as one of a head a block.
+    if (plan.heads_per_block == decode_plan::head_split_heads) {
+      return run.template operator()<1, decode_warps, 0, decode_plan::head_split_heads>(
+          plan, decode_grid_blocks(a, plan, decode_plan::head_split_heads), -1);
+    }
+  }
   const std::int64_t blocks = decode_grid_blocks(a, plan);
   const bool small_grid = blocks <= sms;
   using K = typename Layout::k_codec;
@@ -2702,9 +2771,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   };
   return dispatch_decode<Layout, T, D, NT>(
       a, plan, sms, optin, smem_optin,
-      [&]<int KT, int W, int Ring>(const decode_plan& p, std::int64_t n, std::int32_t o) {
-        return launch_decode<Layout, T, D, NT, KT, W, Ring>(a, p, workspace, stream, device, sms, n,
-                                                            o);
+      [&]<int KT, int W, int Ring, int HB = 1>(const decode_plan& p, std::int64_t n,
+                                               std::int32_t o) {
+        return launch_decode<Layout, T, D, NT, KT, W, Ring, HB>(a, p, workspace, stream, device,
+                                                                sms, n, o);
       });
 }
 
@@ -2721,6 +2791,7 @@ struct decode_build_choice {
   decode_plan plan;
   std::int64_t blocks = 0;
   std::int32_t smem_optin = -1;
+  int heads = 1; //!< KV heads a block: decode_plan::head_split_heads on the head-split build
 };
 template <int HeadDim, class Layout, class T>
 decode_build_choice decode_build_chosen(const decode_args<Layout, T>& a, const decode_plan& plan,
@@ -2728,9 +2799,9 @@ decode_build_choice decode_build_chosen(const decode_args<Layout, T>& a, const d
   const auto optin = [&] {
     return smem_optin;
   };
-  const auto chosen = [&]<int KT, int W, int Ring>(const decode_plan& p, std::int64_t n,
-                                                   std::int32_t o) {
-    return decode_build_choice{KT, W, Ring, p, n, o};
+  const auto chosen = [&]<int KT, int W, int Ring, int HB = 1>(const decode_plan& p, std::int64_t n,
+                                                               std::int32_t o) {
+    return decode_build_choice{KT, W, Ring, p, n, o, HB};
   };
   return with_group_tiles(plan, [&](auto nt) {
     return dispatch_decode<Layout, T, HeadDim, decltype(nt)::value>(a, plan, sms, optin, smem_optin,
