@@ -113,9 +113,10 @@ constexpr double rotate_bytes = 512e6;               // keys in flight over all 
 using shape_key = std::tuple<int, int, int, int>; // B, L, group, page size
 
 // For trying plans (the rows then measure that plan, not the library's):
-// KVKIT_DECODE_CHUNK=N (a multiple of 64) replaces every row's keys per split with N, and
-// KVKIT_DECODE_TWO_TILES=0 or 1 every plan's choice of the two-tile kernel (decode_plan::two_tiles,
-// which the launcher takes where that kernel serves the codec). Unset or invalid: the library's.
+// KVKIT_DECODE_CHUNK=N (a multiple of 64) replaces every row's keys per split with N, on blocks of
+// one KV head (decode_plan::heads_per_block 1), and KVKIT_DECODE_TWO_TILES=0 or 1 every plan's
+// choice of the two-tile kernel (decode_plan::two_tiles, which the launcher takes where that
+// kernel serves the codec). Unset or invalid: the library's.
 int chunk_override() {
   static const int chunk = [] {
     const char* v = std::getenv("KVKIT_DECODE_CHUNK");
@@ -334,6 +335,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   if (const int chunk = chunk_override(); chunk > 0) {
     plan.chunk_tokens = chunk;
     plan.max_splits = (len + chunk - 1) / chunk;
+    plan.heads_per_block = 1;
   }
   if (two_tiles_override() >= 0) {
     plan.two_tiles = two_tiles_override() == 1;
@@ -434,6 +436,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     state.counters["x_memcpy"] = rate / ctx->memcpy_rate;
     state.counters["splits"] = plan.max_splits;
     state.counters["two_tiles"] = plan.two_tiles ? 1.0 : 0.0; // the plan chose the two-tile kernel
+    state.counters["heads"] = plan.heads_per_block; // KV heads a block (4: the head-split build)
     // The targets and the SDPA peer are for the default rows' 8 KV heads.
     const bool peer_heads = kv_heads() == 8;
     const std::int64_t tokens = static_cast<std::int64_t>(batch) * len;

@@ -571,9 +571,13 @@ TEST_CASE("paged_decode: int4 in NHD pages on blocks of four KV heads", "[cuda][
   // heads for 16 SMs, whole sequences of one head a block that become 4 splits of 4160 keys
   // merging in clusters of 4; one of 50000 keys for 6 SMs, 3 splits that become 12 merging
   // through the workspace; and 12 sequences of 16413 to 16500 keys over 4 KV heads (one block of
-  // heads a sequence). Lengths vary, so last tiles and pages are partial. Then, on the first
-  // batch, a soft cap with an explicit scale, and a window of 9000 keys (whose plan keeps blocks
-  // of one head: the same outputs either way).
+  // heads a sequence). Lengths vary, so last tiles and pages are partial. Then a batch of mixed
+  // lengths for 8 SMs (16500 down to 1 key: sequences of 4, 3 and 1 of the plan's 4 splits, so
+  // that some blocks of a cluster have no keys and some sequences store their outputs unmerged),
+  // groups 1 and 8; one sequence of 160000 keys for 20 SMs (32 splits through the
+  // workspace, a warp's worth of log-sum-exps a query head); and, on the first batch, a soft cap
+  // with an explicit scale, and a window of 9000 keys (whose plan keeps blocks of one head: the
+  // same outputs either way).
   const std::uint64_t seed = kvkit_test::test_seed(0x4EAD);
   using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
   const int4_nhd layout(16, 8, 128);
@@ -592,12 +596,20 @@ TEST_CASE("paged_decode: int4 in NHD pages on blocks of four KV heads", "[cuda][
   CHECK(plan_of(layout, batch, 16).max_splits == 4);
   CHECK(plan_of(layout, one, 6).max_splits > kvkit::decode_plan::max_cluster_splits);
   CHECK(plan_of(four, twelve, 16).max_splits == 4);
+  const std::vector<std::int32_t> mixed{16500, 16413, 9000, 4100, 700, 1};
+  const std::vector<std::int32_t> longest{160000};
+  CHECK(plan_of(layout, mixed, 8).max_splits == 4);
+  CHECK(plan_of(layout, longest, 20).max_splits == 32);
   std::uint64_t s = seed;
   for (const std::int32_t group : {4, 8}) {
     check_decode<128, int4_nhd, __nv_bfloat16>(layout, group, batch, ++s, {}, 16);
     check_decode<128, int4_nhd, __nv_bfloat16>(layout, group, one, ++s, {}, 6);
   }
   check_decode<128, int4_nhd, __nv_bfloat16>(four, 8, twelve, ++s, {}, 16);
+  for (const std::int32_t group : {1, 8}) {
+    check_decode<128, int4_nhd, __nv_bfloat16>(layout, group, mixed, ++s, {}, 8);
+  }
+  check_decode<128, int4_nhd, __nv_bfloat16>(layout, 1, longest, ++s, {}, 20);
   for (const kvkit::attention_options o :
        {kvkit::attention_options{0.05F, 0, 2.0F}, kvkit::attention_options{0.0F, 9000, 0.0F}}) {
     check_decode<128, int4_nhd, __nv_bfloat16>(layout, 8, batch, ++s, o, 16);

@@ -128,11 +128,12 @@ decode_blocks_per_sm(std::int32_t kv_bits, std::int32_t head_dim, std::int32_t g
 }
 
 //! How a decode launch splits its keys: thread block (split s, KV head h, sequence b) covers keys
-//! [s * chunk_tokens, (s + 1) * chunk_tokens) of the sequence's attended range. With more than
-//! one split per sequence, the splits' partial results are merged by log-sum-exp in the same
-//! launch: inside a thread block cluster of the splits (through distributed shared memory) where
-//! the device and the grid allow it, otherwise through the workspace, where the last block of each
-//! (sequence, KV head) to finish merges them.
+//! [s * chunk_tokens, (s + 1) * chunk_tokens) of the sequence's attended range (for KV heads h to
+//! h + 3 where heads_per_block says so). With more than one split per sequence, the splits'
+//! partial results are merged by log-sum-exp in the same launch: inside a thread block cluster of
+//! the splits (through distributed shared memory) where the device and the grid allow it,
+//! otherwise through the workspace, where the last block of each (sequence, KV head, or KV heads
+//! of a block) to finish merges them.
 struct decode_plan {
   decode_shape shape;
   std::int32_t chunk_tokens = 0; //!< keys per split; a multiple of tile_tokens
@@ -155,7 +156,9 @@ struct decode_plan {
   //! splits of a quarter of the keys (the same blocks, each warp as many keys). A key's rows of
   //! four neighbouring heads, 256 contiguous bytes, are then read by one block at once instead of
   //! by four blocks that drift apart (see choose_splits). The launcher runs any other cache's plan
-  //! that says so (made by hand, or for an HND cache) as a plan of one head a block.
+  //! that says so (one made by hand, or one made for NHD pages and run on HND pages) on blocks of
+  //! one head, with the same results; kvkit::cuda::validate takes head_split_heads only with KV
+  //! heads a multiple of it and at most head_split_max_splits splits, whatever the cache.
   std::int32_t heads_per_block = 1;
 
   //! KV heads a thread block of the head-split kernel takes (one a warp).
@@ -213,7 +216,8 @@ struct decode_plan {
   [[nodiscard]] constexpr std::size_t partial_outputs_offset() const {
     return counter_bytes() + (partial_rows() + 3) / 4 * 4 * sizeof(float);
   }
-  //! Arrival counters of a launch with this plan: one per (sequence, KV head).
+  //! Arrival counters of a launch with this plan: one per (sequence, KV head); a block of
+  //! head_split_heads heads counts on its first head's.
   [[nodiscard]] constexpr std::size_t counter_count() const {
     return static_cast<std::size_t>(shape.batch_size) *
            static_cast<std::size_t>(shape.num_kv_heads);

@@ -2631,6 +2631,10 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   return cudaGetLastError();
 }
 
+// A plan of blocks of several KV heads (decode_plan::heads_per_block) runs the head-split build of
+// the one-tile kernel where one exists (decode_head_split_fit), whatever else holds; where none
+// does, it runs as a plan of one head a block, by the rules below.
+//
 // A launch runs the kernel that takes two tiles a step, where one exists (decode_two_tiles_fit)
 // and the warps have two tiles or more each, on any grid the plan made for it
 // (decode_plan::two_tiles: int8 from 2048 keys, whose one-tile kernel spills; int8 and int4 at
