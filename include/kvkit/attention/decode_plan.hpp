@@ -42,9 +42,11 @@ struct decode_shape {
   //! (plan_decode); with smaller pages, or none given, it is split.
   std::int32_t page_size = 0;
   //! Element order of the cache's pages (decode_shape_for fills it in). It only steers the choice
-  //! of kernel for int8 and int4 caches, which of two chunks decides decode_plan::two_tiles: an
+  //! of kernel for int8 and int4 caches: which of two chunks decides decode_plan::two_tiles (an
   //! int4 cache in HND pages keeps the one-tile kernel where NHD pages take the two-tile one with
-  //! 2048 keys a block. A plan made for either order decodes a cache of the other correctly.
+  //! 2048 keys a block), and whether long blocks of an int4 cache take four KV heads
+  //! (decode_plan::heads_per_block, NHD pages only). A plan made for either order decodes a cache
+  //! of the other correctly.
   kv_order order = kv_order::nhd;
 
   [[nodiscard]] constexpr std::int32_t group_size() const {
