@@ -653,20 +653,23 @@ TEST_CASE("plan_decode's plans hold their invariants over random shapes, lengths
     CHECK((plan->workspace_bytes() == 0) == (plan->max_splits == 1));
     CHECK((!plan->two_tiles || kvkit::detail::two_tiles_cache(shape)));
     // Blocks of several KV heads only for a cache that has that build, off the two-tile kernel,
-    // with splits their merge holds and a quarter chunk of head_split_min_keys or more, where the
-    // grid of one head a block exceeded the multiprocessors (its chunk's grid has no more blocks
-    // than the quarter chunk's at one head a block, checked here).
+    // with splits their merge holds and a quarter chunk of head_split_min_keys or more (any plan,
+    // graph-safe too), where the grid of one head a block exceeded the multiprocessors (its
+    // chunk's grid has no more blocks than the quarter chunk's at one head a block, checked here).
+    const auto heads_allowed = [&](const decode_plan& p) {
+      return p.heads_per_block == 1 || (p.heads_per_block == decode_plan::head_split_heads &&
+                                        kvkit::detail::head_split_cache(shape) && !p.two_tiles &&
+                                        p.max_splits <= decode_plan::head_split_max_splits &&
+                                        p.chunk_tokens >= decode_plan::head_split_min_keys);
+    };
     auto attended_lengths = [&](auto&& f) {
       for (const std::int32_t len : lens) {
         f(kvkit::detail::attended(len, shape.window));
       }
     };
+    CHECK(heads_allowed(*plan));
     CHECK((plan->heads_per_block == 1 ||
-           (plan->heads_per_block == decode_plan::head_split_heads &&
-            kvkit::detail::head_split_cache(shape) && !plan->two_tiles &&
-            plan->max_splits <= decode_plan::head_split_max_splits &&
-            chunk >= decode_plan::head_split_min_keys &&
-            kvkit::detail::block_count(shape, attended_lengths, chunk) > sms)));
+           kvkit::detail::block_count(shape, attended_lengths, chunk) > sms));
     CHECK(!plan->graph_safe);
     const auto again = kvkit::plan_decode(shape, lens, sms);
     REQUIRE(again.ok());
@@ -683,10 +686,6 @@ TEST_CASE("plan_decode's plans hold their invariants over random shapes, lengths
     CHECK(graph->max_splits <= decode_plan::max_splits_limit);
     CHECK(static_cast<std::int64_t>(graph->max_splits) * graph->chunk_tokens >= max_len);
     CHECK((graph->workspace_bytes() == 0) == (graph->max_splits == 1));
-    CHECK((graph->heads_per_block == 1 ||
-           (graph->heads_per_block == decode_plan::head_split_heads &&
-            kvkit::detail::head_split_cache(shape) && !graph->two_tiles &&
-            graph->max_splits <= decode_plan::head_split_max_splits &&
-            graph->chunk_tokens >= decode_plan::head_split_min_keys)));
+    CHECK(heads_allowed(*graph));
   }
 }

@@ -2527,8 +2527,8 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       cluster_smem = padded > cluster_need ? padded : cluster_need;
     }
   }
-  const dim3 grid(static_cast<unsigned>(plan.max_splits),
-                  static_cast<unsigned>(plan.shape.num_kv_heads / HB),
+  const std::int32_t head_blocks = plan.shape.num_kv_heads / HB; // the grid's y
+  const dim3 grid(static_cast<unsigned>(plan.max_splits), static_cast<unsigned>(head_blocks),
                   static_cast<unsigned>(a.table.batch_size));
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
@@ -2611,8 +2611,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
       // every launch, a query that keeps failing would cost each one a host round of its own.
       known.store(n + 1, std::memory_order_release);
     }
-    p.cluster = static_cast<std::int64_t>(a.table.batch_size) * (plan.shape.num_kv_heads / HB) <=
-                max_clusters;
+    p.cluster = static_cast<std::int64_t>(a.table.batch_size) * head_blocks <= max_clusters;
   }
   config.attrs = p.cluster ? attrs : attrs + 1;
   config.numAttrs = p.cluster ? 2 : 1;
@@ -2665,8 +2664,6 @@ auto dispatch_decode(const decode_args<Layout, T>& a, const decode_plan& plan, s
                      [[maybe_unused]] const Optin& optin, [[maybe_unused]] std::int32_t smem_optin,
                      Run&& run) {
   if constexpr (decode_head_split_fit<Layout, D, NT>()) {
-    // A plan of blocks of several heads (decode_plan::heads_per_block) runs the head-split build;
-    // a plan that says so for a cache without that build runs as one of a head a block.
     if (plan.heads_per_block == decode_plan::head_split_heads) {
       return run.template operator()<1, decode_warps, 0, decode_plan::head_split_heads>(
           plan, decode_grid_blocks(a, plan, decode_plan::head_split_heads), -1);
