@@ -904,18 +904,33 @@ bool drop_empty(const kvkit_test::decode_step& s, std::int32_t q_heads, std::int
   return poisoned;
 }
 
+// The batches a graph-safe plan is replayed for (four sequences each, some empty), the bound it is
+// planned for, the multiprocessors it is planned for, and whether its splits merge through the
+// workspace (more than decode_plan::max_cluster_splits). The default plans many splits, so that
+// they do and the counters count.
+struct padded_graph {
+  std::vector<std::vector<std::int32_t>> steps{
+      {100, 0, 3000, 0}, {0, 0, 0, 1}, {4000, 17, 0, 2500}};
+  std::int32_t max_seq_len = 4096;
+  std::int32_t sm_count = 4096;
+  bool workspace = true;
+};
+
 // A graph-safe plan over a cache of `Layout` (head dim 128, bf16 queries), captured once and
 // replayed for steps of one batch size padded with empty sequences, with the caller's zeroed
 // counters or without, within `window` (0: none): the padding's outputs and log-sum-exps stay as
 // they were, the others match the reference.
 template <class Layout>
-void check_padded_graph(const Layout& layout, std::int32_t window, bool zeroed,
-                        std::uint64_t seed) {
+void check_padded_graph(const Layout& layout, std::int32_t window, bool zeroed, std::uint64_t seed,
+                        const padded_graph& g = {}) {
   const std::int32_t q_heads = 4 * layout.num_kv_heads();
-  problem<Layout> pr(layout, 1200, seed);
+  std::int32_t pages = 7;
+  for (const auto& lens : g.steps) {
+    pages += pages_for(layout, lens);
+  }
+  problem<Layout> pr(layout, pages, seed);
   std::vector<kvkit_test::decode_step> steps;
-  for (const auto& lens : std::vector<std::vector<std::int32_t>>{
-           {100, 0, 3000, 0}, {0, 0, 0, 1}, {4000, 17, 0, 2500}}) {
+  for (const auto& lens : g.steps) {
     steps.push_back(pr.template make_step<__nv_bfloat16>(lens, q_heads));
   }
   kvkit::attention_options options;
@@ -923,8 +938,8 @@ void check_padded_graph(const Layout& layout, std::int32_t window, bool zeroed,
   const kvkit::decode_shape shape = kvkit::decode_shape_for(layout, 4, q_heads, window);
   kvkit_test::decode_mode mode;
   mode.graph = true;
-  mode.max_seq_len = 4096;
-  mode.sm_count = 4096; // many splits: the counters count
+  mode.max_seq_len = g.max_seq_len;
+  mode.sm_count = g.sm_count;
   mode.repeats = 2;
   mode.zeroed_counters = zeroed;
   const auto got = kvkit_test::run_decode<128, Layout, __nv_bfloat16>(
@@ -932,8 +947,11 @@ void check_padded_graph(const Layout& layout, std::int32_t window, bool zeroed,
   INFO("seed " << seed << " window " << window << " zeroed " << zeroed << " splits "
                << got.max_splits << " error " << cudaGetErrorString(got.error));
   REQUIRE(got.error == cudaSuccess);
-  CHECK(got.max_splits > kvkit::decode_plan::max_cluster_splits);
-  CHECK(got.counters_zero);
+  CHECK((got.max_splits > kvkit::decode_plan::max_cluster_splits) == g.workspace);
+  if (zeroed || g.workspace) {
+    // The workspace's own counters are zeroed (and used) only where the splits merge through it.
+    CHECK(got.counters_zero);
+  }
   CHECK(got.past_workspace_intact);
   for (std::size_t i = 0; i < steps.size(); ++i) {
     INFO("step " << i);
@@ -953,6 +971,31 @@ TEST_CASE("paged_decode: a graph-safe batch padded with empty sequences", "[cuda
   check_padded_graph(bf16_nhd(16, 2, 128), 2500, true, seed + 1);
   check_padded_graph(paged_layout<kvkit::int8_codec>(16, 2, 128), 0, true, seed + 2);
   check_padded_graph(paged_layout<kvkit::int4_group_codec<32>>(16, 2, 128), 3000, false, seed + 3);
+}
+
+TEST_CASE("paged_decode: a graph-safe int4 plan on blocks of four KV heads, replayed as lengths "
+          "change",
+          "[cuda][decode]") {
+  // Four sequences of at most 16500 keys over 8 KV heads, planned for 8 SMs: whole sequences of
+  // one head a block become 4 splits of 4160 keys on blocks of four heads, merging in clusters of
+  // 4. Replayed for batches padded with empty sequences, one of a single key, and ones past the
+  // bound (their blocks take longer chunks), with the caller's zeroed counters and without.
+  const std::uint64_t seed = kvkit_test::test_seed(0x6A5);
+  using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
+  const int4_nhd layout(16, 8, 128);
+  padded_graph g;
+  g.steps = {{16500, 0, 12000, 1}, {0, 30000, 0, 0}, {16499, 20001, 4100, 16500}};
+  g.max_seq_len = 16500;
+  g.sm_count = 8;
+  g.workspace = false;
+  const auto plan = kvkit::plan_decode_graph_safe(
+      kvkit::decode_shape_for(layout, 4, 4 * layout.num_kv_heads()), g.max_seq_len, g.sm_count);
+  REQUIRE(plan.ok());
+  INFO("chunk " << plan->chunk_tokens << " splits " << plan->max_splits);
+  CHECK(plan->heads_per_block == kvkit::decode_plan::head_split_heads);
+  CHECK(plan->max_splits == 4);
+  check_padded_graph(layout, 0, false, seed, g);
+  check_padded_graph(layout, 0, true, seed + 1, g);
 }
 
 TEST_CASE("paged_decode: a dependent launch waits for the kernel before it", "[cuda][decode]") {
