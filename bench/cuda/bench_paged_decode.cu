@@ -151,6 +151,18 @@ long page_order_override() { // 0: the default shuffle, -1: sequential, N > 0: t
   }();
   return mode;
 }
+// KVKIT_DECODE_HEADS=1 or 4: every plan of the one-tile kernel whose KV heads that divides takes
+// blocks of that many heads (decode_plan::heads_per_block; the launcher runs blocks of four on the
+// head-split build where the cache has one), its keys per split scaled so that the grid keeps its
+// blocks (blocks of four only where that makes at most head_split_max_splits splits): =1
+// measures the head-split rows as the plan before that rule made them.
+int heads_override() {
+  static const int heads = [] {
+    const char* v = std::getenv("KVKIT_DECODE_HEADS");
+    return v != nullptr && (v[0] == '1' || v[0] == '4') && v[1] == '\0' ? v[0] - '0' : 0;
+  }();
+  return heads;
+}
 int two_tiles_override() { // -1: the plan's
   static const int two = [] {
     const char* v = std::getenv("KVKIT_DECODE_TWO_TILES");
@@ -339,6 +351,18 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   }
   if (two_tiles_override() >= 0) {
     plan.two_tiles = two_tiles_override() == 1;
+  }
+  if (const int heads = heads_override();
+      heads > 0 && !plan.two_tiles && plan.shape.num_kv_heads % heads == 0) {
+    const std::int64_t tile = kvkit::decode_plan::tile_tokens;
+    const std::int64_t keys = std::int64_t{plan.chunk_tokens} * plan.heads_per_block;
+    const std::int64_t chunk = ((keys + heads - 1) / heads + tile - 1) / tile * tile;
+    const std::int64_t splits = (len + chunk - 1) / chunk;
+    if (heads == 1 || splits <= kvkit::decode_plan::head_split_max_splits) {
+      plan.chunk_tokens = static_cast<std::int32_t>(chunk);
+      plan.max_splits = static_cast<std::int32_t>(splits);
+      plan.heads_per_block = heads;
+    }
   }
   cudaStream_t stream = nullptr;
   if (graph) {
