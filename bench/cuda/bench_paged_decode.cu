@@ -354,9 +354,9 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   }
   if (const int heads = heads_override();
       heads > 0 && !plan.two_tiles && plan.shape.num_kv_heads % heads == 0) {
-    const std::int64_t tile = kvkit::decode_plan::tile_tokens;
+    // The plan's keys a split of one head, cut into `heads` the way choose_splits cuts them.
     const std::int64_t keys = std::int64_t{plan.chunk_tokens} * plan.heads_per_block;
-    const std::int64_t chunk = ((keys + heads - 1) / heads + tile - 1) / tile * tile;
+    const std::int64_t chunk = kvkit::detail::whole_tiles((keys + heads - 1) / heads);
     const std::int64_t splits = (len + chunk - 1) / chunk;
     if (heads == 1 || splits <= kvkit::decode_plan::head_split_max_splits) {
       plan.chunk_tokens = static_cast<std::int32_t>(chunk);
