@@ -933,23 +933,13 @@ std::vector<std::string> decode_validation_failures() {
 
 namespace {
 
-// One kernel's resident blocks per multiprocessor with its own shared memory and with what the
-// launcher asks for (decode_held_smem, for blocks of decode_warps warps): a line in `failed` where
-// the first is below the blocks its grids are cut for (decode_planned_blocks) or the second is not
-// exactly that. The head-split build (HB heads a block) is counted with its cluster mailboxes,
-// four times a one-head block's: its splits merge in clusters where they all fit.
-template <class Layout, class T, int D, int NT, int KT, int W, int Ring, int HB = 1>
-void check_residency(const std::string& what, int device, std::vector<std::string>& failed) {
-  using K = typename Layout::k_codec;
-  using V = typename Layout::v_codec;
-  const auto kernel = kd::paged_decode_kernel<Layout, T, D, NT, KT, W, Ring, HB>;
-  constexpr int planned = kd::decode_planned_blocks<K, V, D, NT, KT, W>;
-  constexpr int need = HB > 1 ? kd::decode_cluster_smem_bytes<K, V, D, NT, KT, W, Ring, HB>()
-                              : kd::decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
-  const std::string name = what + " D=" + std::to_string(D) + " NT=" + std::to_string(NT) +
-                           " KT=" + std::to_string(KT) + " W=" + std::to_string(W) +
-                           (Ring > 0 ? " ring " + std::to_string(Ring) : "") +
-                           (HB > 1 ? " heads " + std::to_string(HB) : "");
+// One kernel's resident blocks per multiprocessor with `need` bytes of shared memory of its own
+// and with what the launcher asks for (decode_held_smem, for blocks of decode_warps warps): a line
+// in `failed` where the first is below the blocks its grids are cut for (`planned`) or the second
+// is not exactly that.
+template <class Kernel>
+void check_held(const std::string& name, Kernel kernel, int threads, bool held_kernel, int planned,
+                std::int32_t need, int device, std::vector<std::string>& failed) {
   // The limit only goes up (a launcher that raised it for its cluster mailboxes counts on it).
   cudaFuncAttributes attributes{};
   int own = 0;
@@ -961,23 +951,47 @@ void check_residency(const std::string& what, int device, std::vector<std::strin
   ok = ok && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit) ==
                  cudaSuccess;
   ok = ok &&
-       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&own, kernel, W * 32, need) == cudaSuccess;
-  if constexpr (W == kd::decode_warps) {
+       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&own, kernel, threads, need) == cudaSuccess;
+  if (held_kernel) {
     ok = ok &&
-         kd::decode_held_smem(kernel, W * 32, planned, need, limit, device, smem) == cudaSuccess;
+         kd::decode_held_smem(kernel, threads, planned, need, limit, device, smem) == cudaSuccess;
   } else {
     smem = need; // the wide and narrow kernels are not held (launch_decode)
   }
   ok = ok && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                 &held, kernel, W * 32, static_cast<std::size_t>(smem)) == cudaSuccess;
+                 &held, kernel, threads, static_cast<std::size_t>(smem)) == cudaSuccess;
   if (!ok) {
     (void)cudaGetLastError();
     failed.push_back(name + ": a CUDA call failed");
-  } else if (own < planned || (W == kd::decode_warps && held != planned)) {
+  } else if (own < planned || (held_kernel && held != planned)) {
     failed.push_back(name + ": cut for " + std::to_string(planned) + " blocks an SM, " +
                      std::to_string(own) + " resident with " + std::to_string(need) +
                      " bytes of shared memory, " + std::to_string(held) + " with " +
                      std::to_string(smem));
+  }
+}
+
+// check_held for one decode kernel. The head-split build (HB heads a block) is counted twice: with
+// its cluster mailboxes, four times a one-head block's, which its launches take where its splits
+// merge in clusters, and with the one-tile kernel's shared memory alone, which the others take.
+template <class Layout, class T, int D, int NT, int KT, int W, int Ring, int HB = 1>
+void check_residency(const std::string& what, int device, std::vector<std::string>& failed) {
+  using K = typename Layout::k_codec;
+  using V = typename Layout::v_codec;
+  const auto kernel = kd::paged_decode_kernel<Layout, T, D, NT, KT, W, Ring, HB>;
+  constexpr int planned = kd::decode_planned_blocks<K, V, D, NT, KT, W>;
+  constexpr int plain = kd::decode_smem_bytes<K, V, D, NT, KT, W, Ring>();
+  constexpr int need =
+      HB > 1 ? kd::decode_cluster_smem_bytes<K, V, D, NT, KT, W, Ring, HB>() : plain;
+  const std::string name = what + " D=" + std::to_string(D) + " NT=" + std::to_string(NT) +
+                           " KT=" + std::to_string(KT) + " W=" + std::to_string(W) +
+                           (Ring > 0 ? " ring " + std::to_string(Ring) : "") +
+                           (HB > 1 ? " heads " + std::to_string(HB) : "");
+  constexpr bool held_kernel = W == kd::decode_warps;
+  check_held(name, kernel, W * 32, held_kernel, planned, need, device, failed);
+  if constexpr (HB > 1) {
+    check_held(name + " without clusters", kernel, W * 32, held_kernel, planned, plain, device,
+               failed);
   }
 }
 
