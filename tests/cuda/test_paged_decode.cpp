@@ -80,6 +80,9 @@ struct problem {
   // Where positive, every 50th token of a sequence (from its fourth) takes K and V values of this
   // magnitude, without K's outliers (at most 3.5 times it).
   float big = 0.0F;
+  // K's values times 1 + rise * token / 1024 (token: the position in its sequence), so that the
+  // logits spread wider, and their running maximum climbs, along the sequence.
+  float rise = 0.0F;
 
   problem(Layout l, std::int32_t cap, std::uint64_t seed, float big_values = 0.0F)
       : layout(l), capacity(cap), rng(seed), big(big_values) {
@@ -114,7 +117,8 @@ struct problem {
         const bool outlier = (e % static_cast<std::size_t>(layout.head_dim())) % 37 == 5;
         const std::int32_t token = i * p + static_cast<std::int32_t>(e) / width;
         const float magnitude = big > 0.0F && token % 50 == 3 ? big : 1.0F;
-        k[e] = d() * (outlier && magnitude == 1.0F ? 3.0F : magnitude);
+        const float climb = 1.0F + rise * static_cast<float>(token) / 1024.0F;
+        k[e] = d() * (outlier && magnitude == 1.0F ? 3.0F : magnitude) * climb;
         v[e] = d() * magnitude;
       }
       REQUIRE(kvkit::reference::quantize_page(
@@ -273,9 +277,10 @@ template <int D, class Layout, class T>
 merged check_decode(const Layout& layout, std::int32_t group, const std::vector<std::int32_t>& lens,
                     std::uint64_t seed, const kvkit::attention_options& options = {},
                     std::int32_t sm_count = 132, bool clusters_fit = true,
-                    std::int32_t smem_optin = -1, float big_values = 0.0F) {
+                    std::int32_t smem_optin = -1, float big_values = 0.0F, float rise = 0.0F) {
   const std::int32_t q_heads = group * layout.num_kv_heads();
   problem<Layout> pr(layout, pages_for(layout, lens) + 7, seed, big_values);
+  pr.rise = rise;
   const auto step = pr.template make_step<T>(lens, q_heads);
   const kvkit::decode_shape shape = kvkit::decode_shape_for(
       layout, static_cast<std::int32_t>(lens.size()), q_heads, options.window);
@@ -286,7 +291,8 @@ merged check_decode(const Layout& layout, std::int32_t group, const std::vector<
   const auto got = kvkit_test::run_decode<D, Layout, T>(layout, pr.cache, pr.capacity, shape,
                                                         {step}, pr.scales, options, mode);
   INFO("seed " << seed << " page " << layout.page_size() << " group " << group << " D " << D
-               << " splits " << got.max_splits << " error " << cudaGetErrorString(got.error));
+               << " splits " << got.max_splits << " rise " << rise << " error "
+               << cudaGetErrorString(got.error));
   REQUIRE(got.error == cudaSuccess);
   check_step<Layout, T>(pr, step, q_heads, options, got.out[0], got.lse[0]);
   CHECK(got.past_workspace_intact);
@@ -639,6 +645,51 @@ TEST_CASE("paged_decode: sliding window, soft cap and explicit scale", "[cuda][d
       check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
           {16, 2, 64}, 1, lens, s + 3, o, sms);
     }
+  }
+}
+
+TEST_CASE("paged_decode: logits whose running maximum climbs along the sequence",
+          "[cuda][decode]") {
+  // A tile whose logits pass no running maximum by more than 2^8 keeps the maxima and skips their
+  // shuffles (its probabilities reach 256); one that does moves them and rescales the outputs.
+  // Keys that grow along the sequence give both kinds of tile, most of them of the first kind at
+  // rise 0.5 and many of the second at rise 6 (K's values up to 53 times their first size at 9000
+  // keys), in whole sequences and splits, on the one- and two-tile kernels (1 SM: a small grid)
+  // and, for int4 in NHD pages (a batch of the head-split case's mixed lengths for 8 SMs), on
+  // blocks of four KV heads. An int4 key's values are dequantized in fp16, which holds values near
+  // 650 (rise 6) only to a quarter or a half where the reference keeps float64: at the default
+  // logit scale the first run of this case found the int4 rows' log-sum-exps off by up to 0.047
+  // (rise 0.5) and 0.39 (rise 6), and every bf16, fp8 and int8 row within its bounds. So the int4
+  // logits are scaled to a standard deviation of 2 at 16500 keys, which still climbs past the
+  // first tiles' maximum by more than 2^8 in the mixed batch and to about 2^6 at 9000 keys.
+  const std::uint64_t seed = kvkit_test::test_seed(0xC11);
+  const std::vector<std::int32_t> lens{1, 700, 3000, 9000};
+  const std::vector<std::int32_t> mixed{16500, 16413, 9000, 4100, 700, 1};
+  using int4_nhd = paged_layout<kvkit::int4_group_codec<32>>;
+  using int4_hnd =
+      paged_layout<kvkit::int4_group_codec<32>, kvkit::int4_group_codec<32>, kv_order::hnd>;
+  for (const float rise : {0.5F, 6.0F}) {
+    std::uint64_t s = seed + (rise > 1.0F ? 1000U : 0U);
+    // K's growth at 16500 keys, and the int4 options that keep its logits near 2 deviations.
+    const float growth = 1.0F + rise * 16500.0F / 1024.0F;
+    const auto int4_options = [&](int dim) {
+      return kvkit::attention_options{2.0F / (std::sqrt(static_cast<float>(dim)) * growth), 0,
+                                      0.0F};
+    };
+    for (const std::int32_t sms : {1, 16, 132}) {
+      check_decode<128, bf16_nhd, __nv_bfloat16>({16, 2, 128}, 4, lens, ++s, {}, sms, true, -1,
+                                                 0.0F, rise);
+      check_decode<128, paged_layout<kvkit::fp8_e4m3_codec>, __nv_bfloat16>(
+          {16, 4, 128}, 8, lens, ++s, {}, sms, true, -1, 0.0F, rise);
+      check_decode<128, paged_layout<kvkit::int8_codec>, __nv_bfloat16>(
+          {16, 4, 128}, 4, lens, ++s, {}, sms, true, -1, 0.0F, rise);
+      check_decode<128, int4_hnd, __nv_bfloat16>({16, 4, 128}, 8, lens, ++s, int4_options(128), sms,
+                                                 true, -1, 0.0F, rise);
+      check_decode<64, paged_layout<kvkit::int4_group_codec<32>>, __nv_bfloat16>(
+          {16, 4, 64}, 4, lens, ++s, int4_options(64), sms, true, -1, 0.0F, rise);
+    }
+    check_decode<128, int4_nhd, __nv_bfloat16>({16, 8, 128}, 4, mixed, ++s, int4_options(128), 8,
+                                               true, -1, 0.0F, rise);
   }
 }
 
