@@ -656,12 +656,13 @@ TEST_CASE("paged_decode: logits whose running maximum climbs along the sequence"
   // rise 0.5 and many of the second at rise 6 (K's values up to 53 times their first size at 9000
   // keys), in whole sequences and splits, on the one- and two-tile kernels (1 SM: a small grid)
   // and, for int4 in NHD pages (a batch of the head-split case's mixed lengths for 8 SMs), on
-  // blocks of four KV heads. An int4 key's values are dequantized in fp16, which holds values near
-  // 650 (rise 6) only to a quarter or a half where the reference keeps float64: at the default
-  // logit scale the first run of this case found the int4 rows' log-sum-exps off by up to 0.047
-  // (rise 0.5) and 0.39 (rise 6), and every bf16, fp8 and int8 row within its bounds. So the int4
-  // logits are scaled to a standard deviation of 2 at 16500 keys, which still climbs past the
-  // first tiles' maximum by more than 2^8 in the mixed batch and to about 2^6 at 9000 keys.
+  // blocks of four KV heads. An int4 key's values are dequantized in fp16, which holds values of
+  // several hundred (rise 6) only to within an eighth or a quarter where the reference keeps
+  // float64: at the default logit scale the first run of this case found the int4 rows'
+  // log-sum-exps off by up to 0.047 (rise 0.5) and 0.39 (rise 6), and every bf16, fp8 and int8 row
+  // within its bounds. So the int4 logits are scaled to a standard deviation of 2 at 16500 keys,
+  // which still climbs past the first tiles' maximum by more than 2^8 in the mixed batch and to
+  // about 2^6 at 9000 keys.
   const std::uint64_t seed = kvkit_test::test_seed(0xC11);
   const std::vector<std::int32_t> lens{1, 700, 3000, 9000};
   const std::vector<std::int32_t> mixed{16500, 16413, 9000, 4100, 700, 1};
