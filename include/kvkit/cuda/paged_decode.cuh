@@ -1850,11 +1850,11 @@ __global__ void __launch_bounds__(
       // Where no logit of the tile passes its row's running maximum by more than lazy_max_bound,
       // the maxima stay as they are and the tile skips their shuffles and the rescale: its
       // probabilities then reach 2^lazy_max_bound, which the MMA's type holds (a row's first tile,
-      // whose maximum is -inf, gives NaN here and takes the other path). Not for a V cache with a
-      // scale a key, which multiplies the probabilities. The shuffles sit on the chain a B=1 warp
-      // waits on: H100, bf16 B=1, L=2048 2.1-2.8% faster (g4 6.37 to 6.19 us), the 30 other rows
-      // of bf16, fp8 and int4 measured within 1.2% either way (paged_decode_log.md, "A running
-      // maximum kept without its shuffles").
+      // whose maximum is -inf, gives +inf or NaN here and takes the other path). Not for a V cache
+      // with a scale a key, which multiplies the probabilities. The shuffles sit on the chain a
+      // B=1 warp waits on: H100, bf16 B=1, L=2048 2.1-2.8% faster (g4 6.37 to 6.19 us), the 30
+      // other rows of bf16, fp8 and int4 measured within 1.2% either way (paged_decode_log.md, "A
+      // running maximum kept without its shuffles").
       if (!vf::per_token && __all_sync(0xFFFFFFFFU, tmax[0] - m[nt][0] <= lazy_max_bound &&
                                                         tmax[1] - m[nt][1] <= lazy_max_bound)) {
 #pragma unroll
