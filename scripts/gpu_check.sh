@@ -15,14 +15,14 @@
 # KVKIT_SANITIZE_CASES picks the test cases run under the sanitizers (default: all but the
 # conversion sweep and the decode page-size sweep, too slow instrumented, the other decode cases
 # covering the same code paths, and the [pending_error] cases, whose failed launches on purpose
-# memcheck reports as API errors); KVKIT_SANITIZE_TIMEOUT bounds each tool's run in seconds (default
-# 320: on an H200 the steps before the sanitizers take about 170 s, memcheck about 40 and racecheck
-# about 210 over the default cases, so a call of at most 600 s has room for a slower card, unless
-# a PTX build is staged too: its step's time is not yet measured, so bound the sanitizers lower or
-# run them in a call of their own; a tool stopped by the bound names the case it was in, in its
-# log). The exit status is 0 only
-# if the tests, the three example runs (and the PTX build's, where staged) and both sanitizers ran
-# and passed.
+# memcheck reports as API errors); KVKIT_SANITIZE_TOOLS names the tools run (default "memcheck
+# racecheck"); KVKIT_SANITIZE_TIMEOUT bounds each tool's run in seconds (default 320; a tool
+# stopped by the bound names the case it was in, in its log). On an H200 the steps before the
+# sanitizers take about 200 s, memcheck about 40 and racecheck about 320 over the default cases, so
+# a call of at most 600 s has room for memcheck after the rest (KVKIT_SANITIZE_TOOLS=memcheck;
+# a staged PTX build adds about 160 s), and racecheck goes in a call of its own. The exit status
+# is 0 only if the tests, the three example runs (and the PTX build's, where staged) and the
+# sanitizers named ran and passed.
 set -uo pipefail
 build=${1:-build/release}
 logs=${2:-gpu-logs}
@@ -96,7 +96,8 @@ fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [[ -n $sanitizer ]]; then
   cases=${KVKIT_SANITIZE_CASES:-"~[conversions]~[sweep]~[pending_error]"}
-  for tool in memcheck racecheck; do
+  # shellcheck disable=SC2086 # the tools' names are words
+  for tool in ${KVKIT_SANITIZE_TOOLS:-memcheck racecheck}; do
     timeout "${KVKIT_SANITIZE_TIMEOUT:-320}" "$sanitizer" --tool "$tool" --error-exitcode 3 \
       "$build/tests/kvkit_cuda_tests" "$cases" --durations yes >"$logs/$tool.txt" 2>&1
     tool_rc=$?
