@@ -20,9 +20,9 @@
 # stopped by the bound names the case it was in, in its log). On an H200 the steps before the
 # sanitizers take about 200 s, memcheck about 40 and racecheck about 320 over the default cases, so
 # a call of at most 600 s has room for memcheck after the rest (KVKIT_SANITIZE_TOOLS=memcheck;
-# a staged PTX build adds about 160 s), and racecheck goes in a call of its own. The exit status
-# is 0 only if the tests, the three example runs (and the PTX build's, where staged) and the
-# sanitizers named ran and passed.
+# a staged PTX build added about 160 s on an H100, its compilation included), and racecheck goes
+# in a call of its own. The exit status is 0 only if the tests, the three example runs (and the
+# PTX build's, where staged) and the sanitizers named ran and passed.
 set -uo pipefail
 build=${1:-build/release}
 logs=${2:-gpu-logs}
