@@ -1,6 +1,8 @@
 #pragma once
 //! Error codes and the result types that kvkit's fallible operations return.
 
+#include <cassert>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -80,8 +82,12 @@ public:
   constexpr result(T&& value) noexcept : has_value_(true) { // NOLINT
     std::construct_at(&value_, std::move(value));
   }
-  //! An error; `error` must not be errc::ok.
-  constexpr result(errc error) noexcept : error_(error) {} // NOLINT: implicit by design
+  //! An error; `error` must not be errc::ok (checked by assert; without asserts it is taken as
+  //! errc::bad_argument, so that a result without a value never reports success).
+  constexpr result(errc error) noexcept // NOLINT: implicit by design
+      : error_(error == errc::ok ? errc::bad_argument : error) {
+    assert(error != errc::ok);
+  }
   constexpr result(const result& other) noexcept(std::is_nothrow_copy_constructible_v<T>)
       : has_value_(other.has_value_), error_(other.error_) {
     if (has_value_) {
@@ -109,15 +115,27 @@ public:
   //! The outcome without the value.
   [[nodiscard]] constexpr kvkit::status status() const noexcept { return error_; }
 
-  [[nodiscard]] constexpr T& value() & noexcept { return value_; }
-  [[nodiscard]] constexpr const T& value() const& noexcept { return value_; }
-  [[nodiscard]] constexpr T&& value() && noexcept { return std::move(value_); }
-  [[nodiscard]] constexpr T& operator*() & noexcept { return value_; }
-  [[nodiscard]] constexpr const T& operator*() const& noexcept { return value_; }
-  [[nodiscard]] constexpr T* operator->() noexcept { return &value_; }
-  [[nodiscard]] constexpr const T* operator->() const noexcept { return &value_; }
+  //! The value; there must be one (checked by assert).
+  [[nodiscard]] constexpr T& value() & noexcept {
+    assert(has_value_);
+    return value_;
+  }
+  [[nodiscard]] constexpr const T& value() const& noexcept {
+    assert(has_value_);
+    return value_;
+  }
+  [[nodiscard]] constexpr T&& value() && noexcept {
+    assert(has_value_);
+    return std::move(value_);
+  }
+  [[nodiscard]] constexpr T& operator*() & noexcept { return value(); }
+  [[nodiscard]] constexpr const T& operator*() const& noexcept { return value(); }
+  [[nodiscard]] constexpr T* operator->() noexcept { return &value(); }
+  [[nodiscard]] constexpr const T* operator->() const noexcept { return &value(); }
 
+  //! The value, or `fallback` converted to T when there is none.
   template <class U>
+  requires std::constructible_from<T, U&&>
   [[nodiscard]] constexpr T value_or(U&& fallback) const& {
     return has_value_ ? value_ : static_cast<T>(std::forward<U>(fallback));
   }

@@ -40,6 +40,21 @@ TEST_CASE("result holds a value or an error", "[error]") {
   CHECK(copy.value_or("none") == "page");
 }
 
+namespace {
+struct not_a_string {};
+template <class T, class U>
+concept has_value_or = requires(const kvkit::result<T>& r, U u) {
+  r.value_or(u);
+};
+} // namespace
+
+TEST_CASE("value_or takes only fallbacks that make a T", "[error]") {
+  STATIC_REQUIRE(has_value_or<std::string, const char*>);
+  STATIC_REQUIRE(has_value_or<int, long>);
+  STATIC_REQUIRE_FALSE(has_value_or<std::string, not_a_string>);
+  STATIC_REQUIRE_FALSE(has_value_or<int, not_a_string>);
+}
+
 TEST_CASE("every error code has a distinct name", "[error]") {
   const errc all[] = {errc::ok,
                       errc::out_of_blocks,

@@ -2,6 +2,7 @@
 #include <array>
 #include <cstddef>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -528,6 +529,22 @@ TEST_CASE("the cache detaches from the pool when destroyed", "[prefix_cache]") {
   CHECK(pool.allocate(all).ok()); // no callback into a dead cache
 }
 
+namespace {
+struct entry_visitor {
+  void operator()(block_id, std::span<const token_id>, const kvkit::block_key&) const {}
+};
+template <class F>
+concept visits_entries = requires(const kvkit::prefix_cache<>& c, F f) {
+  c.for_each_entry(f);
+};
+} // namespace
+
+TEST_CASE("for_each_entry takes only callables of an entry", "[prefix_cache]") {
+  STATIC_REQUIRE(visits_entries<entry_visitor>);
+  STATIC_REQUIRE_FALSE(visits_entries<int>);
+  STATIC_REQUIRE_FALSE(visits_entries<void (*)(block_id)>);
+}
+
 TEST_CASE("entries hold exactly the tokens they were published with", "[prefix_cache]") {
   block_pool pool(8);
   table_t table(pool, 4);
@@ -617,6 +634,11 @@ TEST_CASE("a second cache on a pool that has one stays detached and finds nothin
     CHECK(second.admit(table, 2, prompt).error() == errc::bad_argument);
     CHECK_FALSE(second.tracks(2));
     CHECK_FALSE(table.contains(2));
+    // Nor does it reclaim the first cache's evictable blocks.
+    CHECK(&second.pool() == &pool);
+    CHECK(second.evict(8) == 0);
+    CHECK(pool.num_evictable() == 2);
+    CHECK(first.num_entries() == 2);
   }
   // The detached cache's end leaves the first attached, and its entries served.
   CHECK(pool.eviction_context() == &first);

@@ -293,6 +293,31 @@ TEST_CASE("a table over another allocator than the scheduler's takes no request"
   CHECK_FALSE(sched.has_work());
 }
 
+TEST_CASE("a prefix cache over another pool than the scheduler's takes no request", "[scheduler]") {
+  kvkit::block_pool pool(16);
+  kvkit::block_pool other(16);
+  table_t table(pool, 4);
+  cache_t cache(other, 4); // attached, but to a pool whose block ids mean other pages
+  REQUIRE(cache.attached());
+  kvkit::scheduler<table_t, cache_t, kvkit::block_pool> sched(table, cache, pool, {});
+  CHECK(sched.add_request({1, prompt_of(12), 4, 0}).error() == errc::bad_argument);
+  CHECK_FALSE(sched.has_work());
+}
+
+TEST_CASE("a request whose id the prefix cache already tracks is refused", "[scheduler]") {
+  rig<> r(16);
+  // The engine used the cache directly under the same id.
+  std::vector<kvkit::block_id> out(static_cast<std::size_t>(r.cache.max_match_blocks(12)));
+  REQUIRE(r.cache.match(1, prompt_of(12), {}, out).ok());
+  CHECK(r.sched.add_request({1, prompt_of(12), 4, 0}).error() == errc::duplicate_sequence);
+  CHECK_FALSE(r.sched.has_work());
+  REQUIRE(r.cache.forget(1).ok());
+  REQUIRE(r.sched.add_request({1, prompt_of(12), 4, 0}).ok());
+  const auto outputs = r.run();
+  REQUIRE(outputs.count(1) == 1);
+  CHECK(outputs.at(1).size() == 4);
+}
+
 TEST_CASE("step called again before complete_step returns the step in flight", "[scheduler]") {
   kvkit::scheduler_config cfg;
   cfg.prefill_chunk = 4;

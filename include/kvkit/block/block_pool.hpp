@@ -57,33 +57,11 @@ public:
 
   block_pool(const block_pool&) = delete;
   block_pool& operator=(const block_pool&) = delete;
-  //! Moves the blocks; `other` is left an empty pool (capacity 0). Tables and caches that refer to
-  //! `other` must not be used afterwards.
-  block_pool(block_pool&& other) noexcept
-      : meta_(std::move(other.meta_)), free_(std::move(other.free_)), free_top_(other.free_top_),
-        capacity_(other.capacity_), lists_(other.lists_), num_levels_(other.num_levels_),
-        num_evictable_(other.num_evictable_), num_evictions_(other.num_evictions_),
-        num_revivals_(other.num_revivals_), on_evict_(other.on_evict_),
-        evict_context_(other.evict_context_) {
-    other.reset_to_empty();
-  }
-  block_pool& operator=(block_pool&& other) noexcept {
-    if (this != &other) {
-      meta_ = std::move(other.meta_);
-      free_ = std::move(other.free_);
-      free_top_ = other.free_top_;
-      capacity_ = other.capacity_;
-      lists_ = other.lists_;
-      num_levels_ = other.num_levels_;
-      num_evictable_ = other.num_evictable_;
-      num_evictions_ = other.num_evictions_;
-      num_revivals_ = other.num_revivals_;
-      on_evict_ = other.on_evict_;
-      evict_context_ = other.evict_context_;
-      other.reset_to_empty();
-    }
-    return *this;
-  }
+  //! Not movable either: block tables, prefix caches and schedulers hold the pool's address, and a
+  //! cache's eviction callback points back at the cache (hold a pool in a `std::unique_ptr` to
+  //! pass it around).
+  block_pool(block_pool&&) = delete;
+  block_pool& operator=(block_pool&&) = delete;
   ~block_pool() = default;
 
   //! Hands out `out.size()` blocks with reference count 1, or none (errc::out_of_blocks).
@@ -210,12 +188,16 @@ public:
 
   //! The evictable block `allocate` would reclaim first, or invalid_block_id when there is none.
   [[nodiscard]] block_id evictable_front() const noexcept { return first_evictable_from(0); }
-  //! The evictable block reclaimed after evictable block `id`, or invalid_block_id after the last.
+  //! The evictable block reclaimed after evictable block `id`, or invalid_block_id after the last
+  //! (and for an id that is not an evictable block).
   [[nodiscard]] block_id evictable_next(block_id id) const noexcept {
     if (!contains(id)) {
       return invalid_block_id;
     }
     const block_meta& m = meta_[static_cast<std::size_t>(id)];
+    if (m.ref != 0 || !m.cached) {
+      return invalid_block_id;
+    }
     return m.next != invalid_block_id ? m.next : first_evictable_from(m.level + 1);
   }
 
@@ -330,17 +312,6 @@ private:
     if (on_evict_ != nullptr) {
       on_evict_(evict_context_, id);
     }
-  }
-
-  void reset_to_empty() noexcept {
-    meta_.clear();
-    free_.clear();
-    free_top_ = 0;
-    capacity_ = 0;
-    lists_ = {};
-    num_evictable_ = 0;
-    on_evict_ = nullptr;
-    evict_context_ = nullptr;
   }
 
   void link_back(block_id id) noexcept {

@@ -43,7 +43,8 @@ namespace kvkit {
 template <block_allocator Allocator = block_pool>
 class block_table {
 public:
-  //! A table over `allocator` with `block_size` tokens per block (must be > 0).
+  //! A table over `allocator` with `block_size` tokens per block (must be > 0: checked by assert;
+  //! without asserts a smaller one is taken as 1).
   block_table(Allocator& allocator, std::int32_t block_size) noexcept
       : allocator_(&allocator), block_size_(block_size > 0 ? block_size : 1) {
     assert(block_size > 0);

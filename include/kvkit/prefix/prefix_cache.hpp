@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -39,7 +40,10 @@ struct prefix_cache_options {
   bool share_partial_blocks = false;
   //! Shortest partial share worth a page copy.
   std::int32_t min_partial_tokens = 1;
-  //! Record block stored / removed events for `take_events` (for KV-aware routers).
+  //! Record block stored / removed events for `take_events` (for KV-aware routers). Evictions are
+  //! recorded from the pool's `noexcept` eviction callback: should the event buffer need to grow
+  //! there and the host be out of memory, `std::bad_alloc` ends the program instead of reaching
+  //! the caller (the buffer keeps what it has grown to, so take events often enough).
   bool record_events = false;
 };
 
@@ -103,7 +107,8 @@ struct admission {
 template <block_hasher Hasher = xxh3_hasher, eviction_policy Policy = lru>
 class prefix_cache {
 public:
-  //! A cache for `pool`, whose sequences use `block_size` tokens per block. The pool should have
+  //! A cache for `pool`, whose sequences use `block_size` tokens per block (must be > 0: checked
+  //! by assert; without asserts a smaller one is taken as 1). The pool should have
   //! at least `policy.num_levels()` eviction levels (higher levels are clamped to its top level).
   prefix_cache(block_pool& pool, std::int32_t block_size, prefix_cache_options options = {},
                Hasher hasher = {}, Policy policy = {})
@@ -142,6 +147,8 @@ public:
   //! replaced it since): only then does it find and hand out blocks.
   [[nodiscard]] bool attached() const noexcept { return pool_->eviction_context() == this; }
 
+  //! The pool whose blocks it publishes.
+  [[nodiscard]] block_pool& pool() const noexcept { return *pool_; }
   [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }
   [[nodiscard]] const prefix_cache_options& options() const noexcept { return options_; }
   [[nodiscard]] const prefix_cache_stats& stats() const noexcept { return stats_; }
@@ -328,8 +335,12 @@ public:
   }
 
   //! Reclaims up to `n` evictable blocks now, in eviction order, so they are free; returns how
-  //! many. (The pool also does this by itself when it runs out of free blocks.)
+  //! many. (The pool also does this by itself when it runs out of free blocks.) A detached cache
+  //! reclaims nothing: the pool's evictable blocks are then another cache's.
   std::int32_t evict(std::int32_t n) {
+    if (!attached()) {
+      return 0;
+    }
     std::int32_t done = 0;
     for (; done < n; ++done) {
       const block_id b = pool_->evictable_front();
@@ -376,7 +387,8 @@ public:
 
   //! Calls `f(block, tokens, key)` for every entry: the tokens whose K/V the block must hold.
   template <class F>
-  void for_each_entry(F&& f) const {
+  requires std::invocable < F&, block_id, std::span<const token_id>,
+  const block_key& > void for_each_entry(F&& f) const {
     for (block_id b = 0; b < pool_->capacity(); ++b) {
       const entry& e = entries_[static_cast<std::size_t>(b)];
       if (e.len != 0) {

@@ -119,6 +119,9 @@ template <block_mapping Mapping, prefix_index Index, block_allocator Allocator,
           scheduling_policy Policy = fcfs>
 class scheduler {
 public:
+  //! A scheduler over `table`, `cache` and `allocator`, which must outlive it. `config` must pass
+  //! `scheduler_config::validate` (checked by assert; without asserts `add_request` refuses every
+  //! request with bad_argument).
   scheduler(Mapping& table, Index& cache, Allocator& allocator, scheduler_config config,
             Policy policy = {})
       : table_(&table), cache_(&cache), allocator_(&allocator), config_(config),
@@ -136,11 +139,11 @@ public:
   [[nodiscard]] std::int32_t host_blocks_used() const noexcept { return host_.num_used(); }
 
   //! Queues a request. Errors: bad_argument (invalid config, the table's and the prefix index's
-  //! block sizes differ, a table (where it names its allocator) over another allocator than the
-  //! scheduler's, a prefix cache not attached to its pool (prefix_cache::attached), empty
-  //! prompt, max_new_tokens < 1), duplicate_sequence (the id is queued, running or in the block
-  //! table), out_of_blocks (its prompt and its output but the last token could never fit in the
-  //! allocator, even alone).
+  //! block sizes differ, a table (where it names its allocator) or a prefix cache (where it names
+  //! its pool) over another allocator than the scheduler's, a prefix cache not attached to its
+  //! pool (prefix_cache::attached), empty prompt, max_new_tokens < 1), duplicate_sequence (the id
+  //! is queued, running, in the block table, or tracked by the prefix index), out_of_blocks (its
+  //! prompt and its output but the last token could never fit in the allocator, even alone).
   [[nodiscard]] status add_request(request r) {
     if (!config_.validate().ok() || table_->block_size() != cache_->block_size() ||
         r.prompt.empty() || r.max_new_tokens < 1) {
@@ -160,8 +163,22 @@ public:
         return errc::bad_argument;
       }
     }
+    if constexpr (requires(const Index& c) { c.pool(); }) {
+      // The blocks a match hands out are the cache's pool's; the table must hold them in that.
+      if (static_cast<const void*>(&cache_->pool()) != static_cast<const void*>(allocator_)) {
+        return errc::bad_argument;
+      }
+    }
     if (requests_.contains(r.id) || table_->contains(r.id)) {
       return errc::duplicate_sequence;
+    }
+    if constexpr (requires(const Index& c) {
+                    { c.tracks(r.id) } -> std::convertible_to<bool>;
+                  }) {
+      // Its admission starts tracking the id in the cache; one tracked already would refuse it.
+      if (cache_->tracks(r.id)) {
+        return errc::duplicate_sequence;
+      }
     }
     // Its table's longest: the prompt and every generated token but the last, which is sampled
     // and never computed (a decode takes no draft slots past the tokens it may still generate).
