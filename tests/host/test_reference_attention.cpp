@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -200,4 +202,65 @@ TEST_CASE("attention reference rejects bad arguments", "[reference][attention]")
   CHECK(kvkit::reference::paged_decode(f.layout, nullptr, f.pool.capacity(), f.view(), q.data(),
                                        q_heads, out.data())
             .error() == kvkit::errc::bad_argument);
+}
+
+TEST_CASE("attention reference rejects malformed tables and options before reading",
+          "[reference][attention]") {
+  fixture f({5}, 1); // two pages of 4: the second holds one token
+  const auto q = queries(1, 2);
+  std::vector<float> out(q.size(), -7.0F);
+  const auto decode = [&](const kvkit::csr_page_table& t, const kvkit::attention_options& o = {}) {
+    return kvkit::reference::paged_decode(f.layout, f.cache.data(), f.pool.capacity(), t, q.data(),
+                                          q_heads, out.data(), nullptr, nullptr, o)
+        .error();
+  };
+  REQUIRE(decode(f.view()) == kvkit::errc::ok);
+  const std::vector<float> good = out;
+  std::fill(out.begin(), out.end(), -7.0F);
+
+  // A last page longer than a page would read entries past the sequence's own.
+  const std::vector<std::int32_t> long_last{page + 1};
+  kvkit::csr_page_table t = f.view();
+  t.last_page_len = long_last.data();
+  CHECK(decode(t) == kvkit::errc::bad_argument);
+  const std::vector<std::int32_t> empty_last{0};
+  t.last_page_len = empty_last.data();
+  CHECK(decode(t) == kvkit::errc::bad_argument);
+  // Null arrays, a negative batch, an indptr that starts below 0 or decreases.
+  for (int which = 0; which < 3; ++which) {
+    t = f.view();
+    (which == 0 ? t.indptr : which == 1 ? t.indices : t.last_page_len) = nullptr;
+    CHECK(decode(t) == kvkit::errc::bad_argument);
+  }
+  t = f.view();
+  t.batch_size = -1;
+  CHECK(decode(t) == kvkit::errc::bad_argument);
+  t.batch_size = -2;
+  CHECK(decode(t) == kvkit::errc::bad_argument);
+  const std::vector<std::int32_t> shifted{-1, 1};
+  t = f.view();
+  t.indptr = shifted.data();
+  CHECK(decode(t) == kvkit::errc::bad_argument);
+  const std::vector<std::int32_t> decreasing{2, 0};
+  t.indptr = decreasing.data();
+  CHECK(decode(t) == kvkit::errc::bad_argument);
+  // Queries that do not start at row 0.
+  const std::vector<std::int32_t> offset{1, 2};
+  CHECK(kvkit::reference::paged_attention(f.layout, f.cache.data(), f.pool.capacity(), f.view(),
+                                          offset, q.data(), q_heads, out.data())
+            .error() == kvkit::errc::bad_argument);
+  // Options the GPU kernels refuse.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float scale : {-1.0F, nan, inf}) {
+    CHECK(decode(f.view(), {.scale = scale}) == kvkit::errc::bad_argument);
+  }
+  for (const float cap : {-1.0F, nan, inf, 1e-42F}) {
+    CHECK(decode(f.view(), {.logits_soft_cap = cap}) == kvkit::errc::bad_argument);
+  }
+  CHECK(decode(f.view(), {.window = -1}) == kvkit::errc::bad_argument);
+  // Nothing was written by any refused call.
+  CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == -7.0F; }));
+  REQUIRE(decode(f.view()) == kvkit::errc::ok);
+  CHECK(out == good);
 }

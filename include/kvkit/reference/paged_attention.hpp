@@ -37,6 +37,20 @@ double read(const Layout& l, const std::byte* data, const std::byte* params, con
   return C::decode(get_code<C::bits>(data, l.element_index(t, h, c)), p);
 }
 
+// A batch size of at least 0 and, for a batch, the table's three arrays.
+inline bool table_arrays_ok(const csr_page_table& t) noexcept {
+  return t.batch_size == 0 || (t.batch_size > 0 && t.indptr != nullptr && t.indices != nullptr &&
+                               t.last_page_len != nullptr);
+}
+
+// The options the GPU kernels take: a finite scale of at least 0 (0: 1/sqrt(head_dim)), a window
+// of at least 0, a soft cap of 0 (none) or a positive normal float.
+inline bool options_ok(const attention_options& o) noexcept {
+  return o.scale >= 0.0F && std::isfinite(o.scale) && o.window >= 0 &&
+         (o.logits_soft_cap == 0.0F ||
+          (o.logits_soft_cap > 0.0F && std::isnormal(o.logits_soft_cap)));
+}
+
 } // namespace detail
 
 //! Attention of `qo_indptr`-grouped queries over a paged cache. Sequence b of `table` has
@@ -47,9 +61,13 @@ double read(const Layout& l, const std::byte* data, const std::byte* params, con
 //! of the softmax denominator, scaled logits included. Query head h reads KV head
 //! h / (num_q_heads / num_kv_heads) (GQA; MQA when there is one KV head). `cache` holds
 //! `num_cache_pages` pages of `layout.bytes_per_page()` bytes for one layer; `static_scales`
-//! [2][num_kv_heads] for fp8 codecs. Errors: bad_argument (shapes, null pointers, a sequence with
-//! more queries than tokens, missing fp8 scales or ones that are not positive normal floats),
-//! invalid_block (a page id outside the cache).
+//! [2][num_kv_heads] for fp8 codecs. Errors: bad_argument (shapes, null pointers, a negative batch,
+//! `qo_indptr` not starting at 0 or decreasing, a table whose `indptr` starts below 0 or decreases
+//! or whose `last_page_len` is outside 1..page_size for a sequence with pages, more than INT32_MAX
+//! tokens in a sequence, a sequence with more queries than tokens, missing fp8 scales or ones that
+//! are not positive normal floats, options the GPU kernels refuse: a negative or non-finite scale,
+//! a negative window, a soft cap that is not 0 or a positive normal float), invalid_block (a page
+//! id outside the cache).
 template <class Layout>
 [[nodiscard]] status
 paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_cache_pages,
@@ -60,18 +78,27 @@ paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_c
   using V = typename Layout::v_codec;
   const std::int32_t kv_heads = layout.num_kv_heads();
   const std::int32_t dim = layout.head_dim();
-  if (!layout.validate().ok() || cache == nullptr || q == nullptr || out == nullptr ||
-      num_q_heads <= 0 || num_q_heads % kv_heads != 0 || table.page_size != layout.page_size() ||
-      qo_indptr.size() != static_cast<std::size_t>(table.batch_size) + 1 || options.window < 0 ||
+  if (!detail::table_arrays_ok(table) || !layout.validate().ok() || cache == nullptr ||
+      q == nullptr || out == nullptr || num_q_heads <= 0 || num_q_heads % kv_heads != 0 ||
+      table.page_size != layout.page_size() ||
+      qo_indptr.size() != static_cast<std::size_t>(table.batch_size) + 1 || qo_indptr[0] != 0 ||
+      (table.batch_size > 0 && table.indptr[0] < 0) || !detail::options_ok(options) ||
       !detail::scales_ok<K>(static_scales, kv_heads) ||
       !detail::scales_ok<V>(static_scales == nullptr ? nullptr : static_scales + kv_heads,
                             kv_heads)) {
     return errc::bad_argument;
   }
   for (std::int32_t b = 0; b < table.batch_size; ++b) {
-    const std::int32_t n =
-        qo_indptr[static_cast<std::size_t>(b) + 1] - qo_indptr[static_cast<std::size_t>(b)];
-    if (n < 0 || n > table.num_tokens(b) || table.num_pages(b) < 0) {
+    const std::int64_t n = static_cast<std::int64_t>(qo_indptr[static_cast<std::size_t>(b) + 1]) -
+                           qo_indptr[static_cast<std::size_t>(b)];
+    const std::int64_t pages = static_cast<std::int64_t>(table.indptr[b + 1]) - table.indptr[b];
+    if (pages < 0 ||
+        (pages > 0 && (table.last_page_len[b] < 1 || table.last_page_len[b] > table.page_size))) {
+      return errc::bad_argument;
+    }
+    const std::int64_t tokens =
+        pages == 0 ? 0 : (pages - 1) * table.page_size + table.last_page_len[b];
+    if (tokens > std::numeric_limits<std::int32_t>::max() || n < 0 || n > tokens) {
       return errc::bad_argument;
     }
     for (std::int32_t i = 0; i < table.num_pages(b); ++i) {
@@ -185,12 +212,16 @@ template <class Layout>
                                   const float* q, std::int32_t num_q_heads, float* out,
                                   float* lse = nullptr, const float* static_scales = nullptr,
                                   const attention_options& options = {}) {
+  if (!detail::table_arrays_ok(table)) {
+    return errc::bad_argument;
+  }
   std::vector<std::int32_t> qo(static_cast<std::size_t>(table.batch_size) + 1);
   for (std::int32_t b = 0; b <= table.batch_size; ++b) {
     qo[static_cast<std::size_t>(b)] = b;
   }
   for (std::int32_t b = 0; b < table.batch_size; ++b) {
-    if (table.num_pages(b) <= 0 || table.num_tokens(b) <= 0) {
+    // A sequence with no pages has no tokens; the rest of the table paged_attention checks.
+    if (static_cast<std::int64_t>(table.indptr[b + 1]) - table.indptr[b] <= 0) {
       return errc::bad_argument;
     }
   }
