@@ -214,6 +214,14 @@ TEST_CASE("KV memory: the formula, its worked numbers and its inverse", "[layout
   const kvkit::model_config odd{"odd", 2, 2, 2, 96};
   CHECK(kvkit::page_bytes(odd, kv_format::int4_g64, kv_format::int4_g64, 16).error() ==
         kvkit::errc::bad_argument);
+  // A format value that is no format (cast from a configuration's integer) sizes nothing.
+  const auto bogus = static_cast<kv_format>(kvkit::all_kv_formats.size());
+  CHECK(kvkit::page_bytes(m::llama3_8b, bogus, kv_format::fp16, 16).error() ==
+        kvkit::errc::bad_argument);
+  CHECK(kvkit::kv_bytes_paged(m::llama3_8b, kv_format::fp16, bogus, 16, 1, 16).error() ==
+        kvkit::errc::bad_argument);
+  CHECK(kvkit::tokens_that_fit(m::llama3_8b, bogus, bogus, 1LL << 30, 16).error() ==
+        kvkit::errc::bad_argument);
 }
 
 static_assert(kvkit::paged_layout<kvkit::fp8_e4m3_codec, kvkit::int8_codec>::has_static_scales);

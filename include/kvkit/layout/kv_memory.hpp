@@ -3,6 +3,7 @@
 //! shapes of well-known models.
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -44,8 +45,14 @@ inline constexpr std::array<model_config, 5> all{llama3_8b, llama3_70b, mistral_
 }
 
 //! Bytes of one page of one layer for a model and K/V formats (scales and alignment included).
+//! bad_argument for a shape or page size the layout refuses, no layers, or a format value that is
+//! none of the enumerators (one cast from a configuration's integer).
 [[nodiscard]] constexpr result<std::int64_t>
 page_bytes(const model_config& m, kv_format k, kv_format v, std::int32_t page_size) noexcept {
+  if (static_cast<std::size_t>(k) >= all_kv_formats.size() ||
+      static_cast<std::size_t>(v) >= all_kv_formats.size()) {
+    return errc::bad_argument;
+  }
   return visit_codec(k, [&](auto kc) -> result<std::int64_t> {
     return visit_codec(v, [&](auto vc) -> result<std::int64_t> {
       const paged_layout<decltype(kc), decltype(vc)> layout(page_size, m.num_kv_heads, m.head_dim);
