@@ -60,7 +60,9 @@ TEST_CASE("copy_blocks runs a copy-on-write list on every layer", "[cuda][copy]"
 }
 
 TEST_CASE("swap_blocks moves pages out to pinned host memory and back", "[cuda][copy]") {
-  std::mt19937_64 rng(kvkit_test::test_seed(32));
+  const std::uint64_t seed = kvkit_test::test_seed(32);
+  INFO("KVKIT_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
   constexpr std::int64_t bytes = 8192;
   auto device = random_layers(2, 16 * bytes, rng);
   auto host = random_layers(2, 8 * bytes, rng);

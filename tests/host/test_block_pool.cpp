@@ -16,17 +16,21 @@ namespace {
 struct snapshot {
   std::vector<std::int32_t> refs;
   std::vector<bool> cached;
+  std::vector<std::int32_t> levels;
   std::vector<block_id> evictable;
   std::int32_t num_free;
   std::int32_t num_evictable;
+  std::int64_t num_evictions;
+  std::int64_t num_revivals;
   friend bool operator==(const snapshot&, const snapshot&) = default;
 };
 
 snapshot take(const block_pool& p) {
-  snapshot s{{}, {}, {}, p.num_free(), p.num_evictable()};
+  snapshot s{{}, {}, {}, {}, p.num_free(), p.num_evictable(), p.num_evictions(), p.num_revivals()};
   for (block_id i = 0; i < p.capacity(); ++i) {
     s.refs.push_back(p.ref_count(i));
     s.cached.push_back(p.is_cached(i));
+    s.levels.push_back(p.eviction_level(i));
   }
   for (block_id i = p.evictable_front(); i != kvkit::invalid_block_id; i = p.evictable_next(i)) {
     s.evictable.push_back(i);
@@ -118,6 +122,37 @@ TEST_CASE("bad ids and double releases are errors that change nothing", "[block_
   REQUIRE(pool.release(used).ok());
   CHECK(pool.release(used).error() == errc::double_release);
   CHECK(pool.check_consistency());
+}
+
+TEST_CASE("refusals on cached and evictable blocks change nothing and tell no one",
+          "[block_pool]") {
+  static int heard = 0;
+  heard = 0;
+  block_pool pool(4, 2);
+  pool.set_eviction_callback([](void*, block_id) noexcept { ++heard; }, nullptr);
+  std::array<block_id, 3> ids{};
+  REQUIRE(pool.allocate(ids).ok());
+  const block_id evictable_high = ids[0];
+  const block_id evictable_low = ids[1];
+  const block_id in_use = ids[2];
+  REQUIRE(pool.set_cached(evictable_high, true, 1).ok());
+  REQUIRE(pool.set_cached(evictable_low, true, 0).ok());
+  REQUIRE(pool.set_cached(in_use, true, 1).ok());
+  REQUIRE(pool.release(evictable_high).ok());
+  REQUIRE(pool.release(evictable_low).ok());
+  const snapshot before = take(pool);
+  CHECK(pool.set_cached(evictable_high, true).error() == errc::invalid_block); // not in use
+  CHECK(pool.set_cached(evictable_low, true, 1).error() == errc::invalid_block);
+  CHECK(pool.release(evictable_high).error() == errc::double_release);
+  CHECK(pool.set_cached(in_use, true, 2).error() == errc::bad_argument); // levels 0 and 1
+  CHECK(pool.set_cached(in_use, false, -1).error() == errc::bad_argument);
+  CHECK(pool.set_cached(evictable_low, false, 2).error() == errc::bad_argument);
+  CHECK(take(pool) == before);
+  CHECK(heard == 0);
+  CHECK(pool.check_consistency());
+  // The order stays: the low level's block first, then the high level's.
+  CHECK(pool.evictable_front() == evictable_low);
+  CHECK(pool.evictable_next(evictable_low) == evictable_high);
 }
 
 TEST_CASE("cached blocks stay evictable and come back on retain", "[block_pool]") {

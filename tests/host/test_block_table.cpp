@@ -506,9 +506,15 @@ public:
     if (it == refs_.end()) {
       return errc::invalid_block;
     }
+    if (retains_left_ == 0) {
+      return errc::out_of_range; // as a count at its maximum would
+    }
+    --retains_left_;
     ++it->second;
     return {};
   }
+  //! The next `n` retains succeed and the one after fails (-1: none fails).
+  void fail_retain_after(std::int32_t n) { retains_left_ = n; }
   kvkit::status release(block_id id) {
     const auto it = refs_.find(id);
     if (it == refs_.end()) {
@@ -529,6 +535,7 @@ public:
 
 private:
   std::int32_t capacity_;
+  std::int32_t retains_left_ = -1;
   std::vector<block_id> free_;
   std::map<block_id, std::int32_t> refs_;
 };
@@ -552,6 +559,34 @@ TEST_CASE("block_table works over any block_allocator", "[block_table]") {
   REQUIRE(table.free(1).ok());
   REQUIRE(table.free(2).ok());
   CHECK(alloc.num_free() == 4);
+}
+
+TEST_CASE("a fork whose allocator refuses a reference partway takes none", "[block_table]") {
+  map_allocator alloc(8);
+  kvkit::block_table<map_allocator> table(alloc, 2);
+  REQUIRE(table.add_sequence(1).ok());
+  REQUIRE(table.append_tokens(1, 5, {}).ok()); // three blocks
+  const auto parent = std::vector<block_id>(table.blocks(1)->begin(), table.blocks(1)->end());
+  REQUIRE(parent.size() == 3);
+  for (std::int32_t ok_retains = 0; ok_retains < 3; ++ok_retains) {
+    alloc.fail_retain_after(ok_retains);
+    CHECK(table.fork(1, 2).error() == errc::out_of_range);
+    CHECK_FALSE(table.contains(2));
+    CHECK(table.num_sequences() == 1);
+    for (const block_id b : parent) {
+      CHECK(alloc.ref_count(b) == 1);
+    }
+    CHECK(alloc.num_free() == 5);
+  }
+  alloc.fail_retain_after(-1);
+  REQUIRE(table.fork(1, 2).ok());
+  for (const block_id b : parent) {
+    CHECK(alloc.ref_count(b) == 2);
+  }
+  CHECK(*table.num_tokens(2) == 5);
+  REQUIRE(table.free(1).ok());
+  REQUIRE(table.free(2).ok());
+  CHECK(alloc.num_free() == 8);
 }
 
 TEST_CASE("adopt_sequence takes over references the caller holds", "[block_table]") {

@@ -67,7 +67,9 @@ TEST_CASE("fp8 codecs apply the static scale and saturate", "[quant][codecs]") {
 
 TEST_CASE("int8 is symmetric per group and bounded by half a step", "[quant][codecs]") {
   using C = kvkit::int8_codec;
-  std::mt19937_64 rng(kvkit_test::test_seed(3));
+  const std::uint64_t seed = kvkit_test::test_seed(3);
+  INFO("KVKIT_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.0F, 2.0F);
   std::vector<float> x(128);
   for (auto& v : x) {
@@ -120,7 +122,9 @@ TEST_CASE("int8 and int4 handle non-finite input and constant groups", "[quant][
 }
 
 TEST_CASE("int4 codes stay in 0..15 and within a step of the input", "[quant][codecs]") {
-  std::mt19937_64 rng(kvkit_test::test_seed(4));
+  const std::uint64_t seed = kvkit_test::test_seed(4);
+  INFO("KVKIT_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.5F, 3.0F);
   for (int trial = 0; trial < 200; ++trial) {
     std::vector<float> x(64);

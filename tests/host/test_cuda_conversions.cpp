@@ -86,7 +86,9 @@ TEST_CASE("all 256 fp8 codes decode as cuda_fp8.h decodes them", "[quant][cuda_h
 }
 
 TEST_CASE("fp16 and bf16 encode are bit-exact with CUDA's", "[quant][cuda_headers]") {
-  std::mt19937_64 rng(kvkit_test::test_seed(16));
+  const std::uint64_t seed = kvkit_test::test_seed(16);
+  INFO("KVKIT_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
   std::int64_t mismatches = 0;
   for (std::uint64_t i = 0; i < 4'000'000; ++i) {
     const float x = draw(rng, i);
@@ -103,7 +105,9 @@ TEST_CASE("fp16 and bf16 encode are bit-exact with CUDA's", "[quant][cuda_header
 }
 
 TEST_CASE("fp16 round-down is bit-exact with CUDA's", "[quant][cuda_headers]") {
-  std::mt19937_64 rng(kvkit_test::test_seed(17));
+  const std::uint64_t seed = kvkit_test::test_seed(17);
+  INFO("KVKIT_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
   std::int64_t mismatches = 0;
   const auto check = [&](float x) {
     const __half h = __float2half_rd(x);

@@ -424,6 +424,38 @@ TEST_CASE("bad input is rejected and changes nothing", "[prefix_cache]") {
   CHECK(pool.check_consistency());
 }
 
+TEST_CASE("publish and finish refuse blocks not in use and publish nothing", "[prefix_cache]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4, {.record_events = true});
+  const auto prompt = iota_tokens(9); // two full blocks and one of a single token
+  REQUIRE(cache.admit(table, 1, prompt).ok());
+  const auto blocks = blocks_of(table, 1);
+  REQUIRE(blocks.size() == 3);
+  block_id unused = 0;
+  while (std::find(blocks.begin(), blocks.end(), unused) != blocks.end()) {
+    ++unused;
+  }
+  REQUIRE(pool.ref_count(unused) == 0);
+  for (const block_id wrong : {unused, block_id{-1}, block_id{8}}) {
+    auto bad = blocks;
+    bad[2] = wrong; // the first two, which would be published, are right
+    CHECK(cache.publish(1, bad, prompt).error() == errc::invalid_block);
+    CHECK(cache.finish(1, bad, prompt).error() == errc::invalid_block);
+    CHECK(cache.num_entries() == 0);
+    CHECK(cache.tracks(1));
+    CHECK_FALSE(pool.is_cached(blocks[0]));
+    CHECK_FALSE(pool.is_cached(blocks[1]));
+    CHECK(cache.take_events().empty());
+    CHECK(cache.stats().stored_blocks == 0);
+  }
+  CHECK(*cache.publish(1, blocks, prompt) == 2);
+  REQUIRE(cache.finish(1, blocks, prompt).ok());
+  REQUIRE(table.free(1).ok());
+  CHECK(pool.num_evictable() == 2);
+  CHECK(pool.check_consistency());
+}
+
 TEST_CASE("an admission its mapping refuses after the match leaves the statistics as they were",
           "[prefix_cache]") {
   // A mapping that names no allocator skips admit's pool check; this one refuses every adoption,

@@ -96,6 +96,9 @@ public:
     const auto bs = static_cast<std::size_t>(cfg_.block_size);
     std::vector<std::int32_t> refs(static_cast<std::size_t>(cfg_.capacity), 0);
     for (const auto& [s, tokens] : model_) {
+      if (!cache_.tracks(s)) {
+        return "sequence " + std::to_string(s) + " not tracked";
+      }
       const auto blocks = *table_.blocks(s);
       if (*table_.num_tokens(s) != static_cast<std::int32_t>(tokens.size()) ||
           blocks.size() != (tokens.size() + bs - 1) / bs) {
@@ -302,6 +305,10 @@ private:
       return "finish failed";
     }
     model_.erase(s);
+    if (cache_.tracks(s)) {
+      return "sequence " + std::to_string(s) + " still tracked after " +
+             (publish_rest ? "finish" : "forget");
+    }
     return {};
   }
 
@@ -335,8 +342,12 @@ private:
   seq_id next_id_ = 1;
 };
 
+// Setup `k` of a run whose base seed is `base` (the seed KVKIT_TEST_SEED replays) uses seed base +
+// k.
 template <class Policy>
-kvkit::prefix_cache_stats run(const config& cfg, std::uint64_t seed, Policy policy) {
+kvkit::prefix_cache_stats run(const config& cfg, std::uint64_t base, std::uint64_t k,
+                              Policy policy) {
+  const std::uint64_t seed = base + k;
   harness<Policy> h(cfg, seed, policy);
   for (std::int64_t step = 0; step < cfg.steps; ++step) {
     std::string broken = h.step();
@@ -344,13 +355,15 @@ kvkit::prefix_cache_stats run(const config& cfg, std::uint64_t seed, Policy poli
       broken = h.check();
     }
     if (!broken.empty()) {
-      FAIL("seed " << seed << " (KVKIT_TEST_SEED=" << seed << "), block_size " << cfg.block_size
-                   << ", partial " << cfg.share_partial << ", step " << step << ": " << broken);
+      FAIL("setup " << k << ", seed " << seed << " (replay: KVKIT_TEST_SEED=" << base
+                    << "), block_size " << cfg.block_size << ", partial " << cfg.share_partial
+                    << ", step " << step << ": " << broken);
     }
   }
   const std::string end = h.drain();
   if (!end.empty()) {
-    FAIL("seed " << seed << ", at the end: " << end);
+    FAIL("setup " << k << ", seed " << seed << " (replay: KVKIT_TEST_SEED=" << base
+                  << "), at the end: " << end);
   }
   return h.stats();
 }
@@ -363,11 +376,13 @@ TEST_CASE("a million random operations never let prefix caching change what a se
   // 1.15 M operations over four setups: full blocks only with LRU; partial sharing with LRU;
   // partial sharing with retention priorities on odd-sized blocks; and partial sharing on blocks
   // of 16 tokens, the size whose lookups compare tokens sixteen at a time.
-  const auto a = run({40, 4, false, 350'000}, seed, kvkit::lru{});
-  const auto b = run({40, 4, true, 350'000}, seed + 1, kvkit::lru{});
-  const auto c = run({36, 3, true, 300'000}, seed + 2, kvkit::retention_priority(3));
-  const auto d = run({48, 16, true, 150'000}, seed + 3, kvkit::retention_priority(2));
-  // The workload must exercise what it claims to: hits, partial shares and evictions.
+  const auto a = run({40, 4, false, 350'000}, seed, 0, kvkit::lru{});
+  const auto b = run({40, 4, true, 350'000}, seed, 1, kvkit::lru{});
+  const auto c = run({36, 3, true, 300'000}, seed, 2, kvkit::retention_priority(3));
+  const auto d = run({48, 16, true, 150'000}, seed, 3, kvkit::retention_priority(2));
+  // The workload must exercise what it claims to: hits, partial shares and evictions (setups a to
+  // d are 0 to 3).
+  INFO("KVKIT_TEST_SEED=" << seed);
   CHECK(a.hit_tokens > 0);
   CHECK(b.partial_hits > 0);
   CHECK(c.partial_hits > 0);

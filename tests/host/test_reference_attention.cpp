@@ -264,3 +264,37 @@ TEST_CASE("attention reference rejects malformed tables and options before readi
   REQUIRE(decode(f.view()) == kvkit::errc::ok);
   CHECK(out == good);
 }
+
+TEST_CASE("attention reference checks every sequence before it writes any output",
+          "[reference][attention]") {
+  fixture f({5, 3}, 2); // only the second sequence is made bad
+  const auto q = queries(2, 3);
+  std::vector<float> out(q.size(), -7.0F);
+  std::vector<float> lse(2 * q_heads, -7.0F);
+  const auto untouched = [&] {
+    return std::all_of(out.begin(), out.end(), [](float x) { return x == -7.0F; }) &&
+           std::all_of(lse.begin(), lse.end(), [](float x) { return x == -7.0F; });
+  };
+  // A second sequence whose last page is empty.
+  std::vector<std::int32_t> last = f.last;
+  last[1] = 0;
+  kvkit::csr_page_table t = f.view();
+  t.last_page_len = last.data();
+  CHECK(kvkit::reference::paged_decode(f.layout, f.cache.data(), f.pool.capacity(), t, q.data(),
+                                       q_heads, out.data(), lse.data())
+            .error() == kvkit::errc::bad_argument);
+  CHECK(untouched());
+  // A second sequence with a page past the cache's end.
+  std::vector<std::int32_t> indices = f.indices;
+  indices[static_cast<std::size_t>(f.indptr[1])] = f.pool.capacity();
+  t = f.view();
+  t.indices = indices.data();
+  CHECK(kvkit::reference::paged_decode(f.layout, f.cache.data(), f.pool.capacity(), t, q.data(),
+                                       q_heads, out.data(), lse.data())
+            .error() == kvkit::errc::invalid_block);
+  CHECK(untouched());
+  REQUIRE(kvkit::reference::paged_decode(f.layout, f.cache.data(), f.pool.capacity(), f.view(),
+                                         q.data(), q_heads, out.data(), lse.data())
+              .ok());
+  CHECK_FALSE(untouched());
+}

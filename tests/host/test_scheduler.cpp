@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -380,6 +381,94 @@ TEST_CASE("bad requests and results are rejected while the others go on", "[sche
   CHECK(kvkit::scheduler_config{.max_batched_tokens = 0}.validate().error() == errc::bad_argument);
   CHECK(kvkit::scheduler_config{.max_running = 0}.validate().error() == errc::bad_argument);
   CHECK_FALSE(kvkit::scheduler_config{.preemption = kvkit::preemption_mode::swap}.validate().ok());
+}
+
+TEST_CASE("refused results change nothing, and the right ones are then applied", "[scheduler]") {
+  // Requests 1 and 2 sample this step (their prompts fit whole); request 3 computes the first
+  // chunk of its prompt and samples nothing.
+  rig r(32, {.max_running = 4, .max_batched_tokens = 12, .prefill_chunk = 4});
+  REQUIRE(r.sched.add_request({1, prompt_of(4), 2, 0}).ok());
+  REQUIRE(r.sched.add_request({2, prompt_of(3, 50), 2, 0}).ok());
+  REQUIRE(r.sched.add_request({3, prompt_of(10, 80), 2, 0}).ok());
+  const kvkit::step_plan plan = r.sched.step();
+  REQUIRE(plan.batch.size() == 3);
+  REQUIRE(plan.batch[2].id == 3);
+  REQUIRE_FALSE(plan.batch[2].samples);
+  const auto tokens_of = [&] {
+    return std::vector<std::int32_t>{*r.table.num_tokens(1), *r.table.num_tokens(2),
+                                     *r.table.num_tokens(3)};
+  };
+  const auto before = tokens_of();
+  const std::vector<token_id> t1{7};
+  const std::vector<token_id> t2{8};
+  const std::vector<token_id> two{7, 8};
+  const auto refused = [&](std::vector<kvkit::sample_result> samples, errc want) {
+    CHECK(r.sched.complete_step(samples).error() == want);
+    // Nothing applied: the tables, the queues and the step in flight are as they were.
+    CHECK(tokens_of() == before);
+    CHECK(r.sched.num_running() == 3);
+    CHECK(r.sched.num_waiting() == 0);
+    const kvkit::step_plan& again = r.sched.step();
+    REQUIRE(again.batch.size() == plan.batch.size());
+    for (std::size_t i = 0; i < plan.batch.size(); ++i) {
+      CHECK(again.batch[i].id == plan.batch[i].id);
+      CHECK(again.batch[i].first_position == plan.batch[i].first_position);
+      CHECK(again.batch[i].num_tokens == plan.batch[i].num_tokens);
+    }
+  };
+  // The first result good, the second one token too many for a prefill.
+  refused({{1, t1, false}, {2, two, false}}, errc::bad_argument);
+  // One sequence twice and the other not at all: the count alone would pass.
+  refused({{1, t1, false}, {1, t2, false}}, errc::bad_argument);
+  // A result for the sequence that samples nothing this step.
+  refused({{1, t1, false}, {2, t2, false}, {3, t1, false}}, errc::unknown_sequence);
+  // An empty result.
+  refused({{1, {}, false}, {2, t2, false}}, errc::bad_argument);
+  // Then the right results apply once.
+  const std::vector<kvkit::sample_result> good{{1, t1, false}, {2, t2, false}};
+  const auto done = r.sched.complete_step(good);
+  REQUIRE(done.ok());
+  CHECK(done->empty());
+  CHECK(*r.table.num_tokens(1) == 4);
+  CHECK(*r.table.num_tokens(3) == 4);
+  const auto outputs = r.run();
+  REQUIRE(outputs.size() == 3);
+  CHECK(outputs.at(1).front() == 7);
+  CHECK(outputs.at(2).front() == 8);
+  CHECK(outputs.at(1).size() == 2);
+  CHECK(outputs.at(3).size() == 2);
+  CHECK(r.pool.num_used() == 0);
+}
+
+TEST_CASE("add_request refuses what could never run and ids the table already has", "[scheduler]") {
+  rig<> r(16);
+  // An id the engine put in the block table itself.
+  REQUIRE(r.table.add_sequence(1).ok());
+  CHECK(r.sched.add_request({1, prompt_of(4), 2, 0}).error() == errc::duplicate_sequence);
+  CHECK_FALSE(r.sched.has_work());
+  CHECK(*r.table.num_tokens(1) == 0);
+  REQUIRE(r.table.free(1).ok());
+  // An output length whose blocks would not fit an int32 count: refused, not wrapped.
+  CHECK(
+      r.sched.add_request({2, prompt_of(4), std::numeric_limits<std::int32_t>::max(), 0}).error() ==
+      errc::out_of_blocks);
+  // A prompt and output (but its last token) of 64 tokens need every block of the pool, with no
+  // spare for a copy-on-write; 60 tokens (15 blocks of 4) fit.
+  CHECK(r.sched.add_request({3, prompt_of(60), 5, 0}).error() == errc::out_of_blocks);
+  CHECK_FALSE(r.sched.has_work());
+  REQUIRE(r.sched.add_request({3, prompt_of(56), 5, 0}).ok());
+  REQUIRE(r.sched.add_request({4, prompt_of(1), 1, 0}).ok());
+  CHECK(r.sched.num_waiting() == 2);
+  // Every configuration rule.
+  using cfg = kvkit::scheduler_config;
+  for (const cfg& bad : {cfg{.max_running = -1}, cfg{.max_batched_tokens = -5},
+                         cfg{.prefill_chunk = 0}, cfg{.watermark_blocks = -1}, cfg{.lookahead = -1},
+                         cfg{.host_blocks = -1}, cfg{.max_batched_tokens = 4, .lookahead = 4},
+                         cfg{.preemption = kvkit::preemption_mode::swap, .host_blocks = 0}}) {
+    CHECK(bad.validate().error() == errc::bad_argument);
+  }
+  CHECK(cfg{.max_batched_tokens = 5, .lookahead = 4}.validate().ok());
+  CHECK(cfg{.preemption = kvkit::preemption_mode::swap, .host_blocks = 1}.validate().ok());
 }
 
 TEST_CASE("a request aborted while its step is in flight is left out of that step's results",

@@ -299,6 +299,27 @@ private:
     if (!bad.empty()) {
       return bad;
     }
+    // Every live request is in exactly one queue; the cache tracks just those in the table; the
+    // host tier holds no more than its blocks.
+    std::size_t live = 0;
+    for (const auto& [id, m] : expected_) {
+      if (finished_.contains(id)) {
+        continue;
+      }
+      ++live;
+      if (cache_.tracks(id) != table_.contains(id)) {
+        return "request " + std::to_string(id) + ": the cache tracks it " +
+               (cache_.tracks(id) ? "outside" : "not inside") + " the table";
+      }
+    }
+    if (sched_.num_waiting() + sched_.num_running() + sched_.num_swapped() != live) {
+      return "queues hold " +
+             std::to_string(sched_.num_waiting() + sched_.num_running() + sched_.num_swapped()) +
+             " requests, " + std::to_string(live) + " live";
+    }
+    if (sched_.host_blocks_used() < 0 || sched_.host_blocks_used() > s_.cfg.host_blocks) {
+      return "host tier over its blocks";
+    }
     return pool_.check_consistency() ? std::string{} : "pool inconsistent";
   }
 
@@ -321,12 +342,16 @@ struct run_counts {
   std::int64_t shared_swap_outs = 0;
 };
 
+// Setup `k` of a run whose base seed is `base` (the seed KVKIT_TEST_SEED replays) uses seed base +
+// k.
 template <class Policy>
-run_counts run(const setup& s, std::uint64_t seed) {
+run_counts run(const setup& s, std::uint64_t base, std::uint64_t k) {
+  const std::uint64_t seed = base + k;
   harness<Policy> h(s, seed);
   const std::string broken = h.run();
+  INFO("setup " << k << ", seed " << seed << " (replay: KVKIT_TEST_SEED=" << base << ")");
   if (!broken.empty()) {
-    FAIL("seed " << seed << " (KVKIT_TEST_SEED=" << seed << "): " << broken);
+    FAIL(broken);
   }
   // Requests aborted while their step was in flight: the path must have been taken.
   CHECK(h.aborts_in_flight() > 0);
@@ -348,7 +373,8 @@ TEST_CASE("random workloads: budgets, contents, exact outputs, no leaks, no star
     shared += c.shared_swap_outs;
   };
   add(run<kvkit::fcfs>(
-      {14, 4, {.max_running = 6, .max_batched_tokens = 24, .prefill_chunk = 7}, false, 400}, seed));
+      {14, 4, {.max_running = 6, .max_batched_tokens = 24, .prefill_chunk = 7}, false, 400}, seed,
+      0));
   add(run<kvkit::fcfs>({14,
                         4,
                         {.max_running = 6,
@@ -358,7 +384,7 @@ TEST_CASE("random workloads: budgets, contents, exact outputs, no leaks, no star
                          .host_blocks = 10},
                         true,
                         400},
-                       seed + 1));
+                       seed, 1));
   // A watermark of 8 of 14 blocks: a request swapped out with more than 6 blocks' worth of
   // tokens (a request takes up to 11) must still come back once the others are done.
   add(run<kvkit::fcfs>({14,
@@ -371,7 +397,7 @@ TEST_CASE("random workloads: budgets, contents, exact outputs, no leaks, no star
                          .host_blocks = 12},
                         true,
                         400},
-                       seed + 4));
+                       seed, 4));
   add(run<kvkit::priority_first>({16,
                                   3,
                                   {.max_running = 5,
@@ -381,7 +407,7 @@ TEST_CASE("random workloads: budgets, contents, exact outputs, no leaks, no star
                                    .lookahead = 3},
                                   true,
                                   400},
-                                 seed + 2));
+                                 seed, 2));
   add(run<kvkit::fcfs>({20,
                         4,
                         {.max_running = 8,
@@ -392,7 +418,8 @@ TEST_CASE("random workloads: budgets, contents, exact outputs, no leaks, no star
                          .host_blocks = 6},
                         false,
                         400},
-                       seed + 3));
+                       seed, 3));
+  INFO("KVKIT_TEST_SEED=" << seed);
   CHECK(preempted > 0);
   // Victims of one step that shared a block (a common prompt) had it swapped out once.
   CHECK(shared > 0);
