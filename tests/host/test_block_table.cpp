@@ -1,4 +1,5 @@
 #include <array>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -121,6 +122,9 @@ TEST_CASE("sequence ids must be unique and known", "[block_table]") {
   block_pool pool(4);
   table_t table(pool, 4);
   REQUIRE(table.add_sequence(5).ok());
+  REQUIRE(table.append_tokens(5, 6, {}).ok());
+  const auto blocks = blocks_of(table, 5);
+  const auto refs = refs_of(pool);
   CHECK(table.add_sequence(5).error() == errc::duplicate_sequence);
   CHECK(table.contains(5));
   CHECK_FALSE(table.contains(6));
@@ -131,6 +135,11 @@ TEST_CASE("sequence ids must be unique and known", "[block_table]") {
   CHECK(table.fork(6, 7).error() == errc::unknown_sequence);
   CHECK(table.fork(5, 5).error() == errc::duplicate_sequence);
   CHECK(table.num_sequences() == 1);
+  // Sequence 5 kept its blocks, tokens and references through every refusal.
+  CHECK(blocks_of(table, 5) == blocks);
+  CHECK(*table.num_tokens(5) == 6);
+  CHECK(refs_of(pool) == refs);
+  CHECK(table.pending_copy_sources().empty());
 }
 
 TEST_CASE("truncate releases blocks past the end", "[block_table]") {
@@ -140,9 +149,19 @@ TEST_CASE("truncate releases blocks past the end", "[block_table]") {
   REQUIRE(table.append_tokens(1, 10, {}).ok()); // 3 blocks
   const auto blocks = blocks_of(table, 1);
 
+  const auto refs = refs_of(pool);
   CHECK(table.truncate(1, 11).error() == errc::out_of_range);
   CHECK(table.truncate(1, -1).error() == errc::bad_argument);
   CHECK(pool.num_used() == 3);
+  CHECK(refs_of(pool) == refs);
+  CHECK(blocks_of(table, 1) == blocks);
+  CHECK(*table.num_tokens(1) == 10);
+  // A length that would pass int32 is out of range, not wrapped.
+  CHECK(table.blocks_needed(1, std::numeric_limits<std::int32_t>::max()).error() ==
+        errc::out_of_range);
+  CHECK(table.append_tokens(1, std::numeric_limits<std::int32_t>::max(), {}).error() ==
+        errc::out_of_range);
+  CHECK(refs_of(pool) == refs);
 
   REQUIRE(table.truncate(1, 8).ok()); // exactly two full blocks
   CHECK(*table.num_tokens(1) == 8);

@@ -480,6 +480,78 @@ TEST_CASE("an admission its mapping refuses after the match leaves the statistic
   CHECK(pool.check_consistency());
 }
 
+namespace {
+// A block_table that names no allocator and refuses every append: an admission it takes the hit
+// of, then refuses the rest of.
+class refusing_appends {
+public:
+  explicit refusing_appends(table_t& t) : t_(&t) {}
+  std::int32_t block_size() const { return t_->block_size(); }
+  bool contains(seq_id s) const { return t_->contains(s); }
+  kvkit::result<std::int32_t> num_tokens(seq_id s) const { return t_->num_tokens(s); }
+  kvkit::result<std::span<const block_id>> blocks(seq_id s) const { return t_->blocks(s); }
+  kvkit::result<std::int32_t> blocks_needed(seq_id s, std::int32_t n) const {
+    return t_->blocks_needed(s, n);
+  }
+  kvkit::status add_sequence(seq_id s) { return t_->add_sequence(s); }
+  kvkit::status adopt_sequence(seq_id s, std::span<const block_id> b, std::int32_t n) {
+    return t_->adopt_sequence(s, b, n);
+  }
+  kvkit::result<kvkit::append_info> append_tokens(seq_id, std::int32_t,
+                                                  std::span<kvkit::token_slot>) {
+    return errc::out_of_blocks;
+  }
+  kvkit::status truncate(seq_id s, std::int32_t n) { return t_->truncate(s, n); }
+  kvkit::status fork(seq_id s, seq_id t) { return t_->fork(s, t); }
+  kvkit::status free(seq_id s) { return t_->free(s); }
+  void release_copy_sources() { t_->release_copy_sources(); }
+  kvkit::status export_csr(std::span<const seq_id> b, std::span<std::int32_t> p,
+                           std::span<std::int32_t> i, std::span<std::int32_t> l) const {
+    return t_->export_csr(b, p, i, l);
+  }
+  kvkit::status export_block_table(std::span<const seq_id> b, std::int32_t n,
+                                   std::span<std::int32_t> r, std::span<std::int32_t> l) const {
+    return t_->export_block_table(b, n, r, l);
+  }
+  kvkit::status export_slot_mapping(std::span<const seq_id> b, std::span<const std::int32_t> q,
+                                    std::span<std::int64_t> o) const {
+    return t_->export_slot_mapping(b, q, o);
+  }
+
+private:
+  table_t* t_;
+};
+static_assert(kvkit::block_mapping<refusing_appends>);
+} // namespace
+
+TEST_CASE("an admission refused after its hit was adopted gives every block back",
+          "[prefix_cache]") {
+  block_pool pool(8);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9);
+  serve_and_finish(cache, table, 1, prompt); // two full blocks cached
+  const auto before = cache.stats();
+  const auto used_before = pool.num_used();
+  const auto evictable_before = pool.num_evictable();
+  refusing_appends refusing(table);
+  const auto longer = concat(prompt, iota_tokens(6, 500));
+  REQUIRE(cache.probe(longer).num_blocks == 2);
+  CHECK(cache.admit(refusing, 2, longer).error() == errc::out_of_blocks);
+  CHECK_FALSE(table.contains(2));
+  CHECK_FALSE(cache.tracks(2));
+  CHECK(pool.num_used() == used_before);
+  CHECK(pool.num_evictable() == evictable_before);
+  CHECK(cache.num_entries() == 2);
+  CHECK(cache.stats().queries == before.queries);
+  CHECK(cache.stats().hit_tokens == before.hit_tokens);
+  CHECK(pool.check_consistency());
+  // The cache still serves the prefix.
+  const auto a = cache.admit(table, 3, longer);
+  REQUIRE(a.ok());
+  CHECK(a->hit.num_tokens == 8);
+}
+
 TEST_CASE("publish refuses blocks other than those the sequence matched or published",
           "[prefix_cache]") {
   block_pool pool(16);

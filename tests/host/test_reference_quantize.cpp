@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <random>
@@ -137,6 +138,25 @@ TEST_CASE("bad arguments are rejected before anything is written", "[reference][
   CHECK_FALSE(kvkit::reference::quantize_page(bad, s.k.data(), s.v.data(), 1, page.data()).ok());
   CHECK(page == untouched);
   std::vector<float> out(s.k.size());
+  std::vector<float> out_v(s.v.size(), -3.0F);
+  std::fill(out.begin(), out.end(), -3.0F);
   CHECK_FALSE(
-      kvkit::reference::dequantize_page(int8, page.data(), -1, out.data(), out.data()).ok());
+      kvkit::reference::dequantize_page(int8, page.data(), -1, out.data(), out_v.data()).ok());
+  CHECK_FALSE(
+      kvkit::reference::dequantize_page(int8, page.data(), 5, out.data(), out_v.data()).ok());
+  CHECK_FALSE(kvkit::reference::dequantize_page(int8, nullptr, 4, out.data(), out_v.data()).ok());
+  CHECK_FALSE(kvkit::reference::dequantize_page(int8, page.data(), 4, nullptr, out_v.data()).ok());
+  CHECK_FALSE(kvkit::reference::dequantize_page(int8, page.data(), 4, out.data(), nullptr).ok());
+  // fp8 pages decode only with their static scales, and positive normal ones.
+  CHECK(kvkit::reference::dequantize_page(fp8, page.data(), 4, out.data(), out_v.data()).error() ==
+        kvkit::errc::bad_argument);
+  CHECK_FALSE(kvkit::reference::dequantize_page(fp8, page.data(), 4, out.data(), out_v.data(),
+                                                zero_scales.data())
+                  .ok());
+  CHECK_FALSE(kvkit::reference::dequantize_page(fp8, page.data(), 4, out.data(), out_v.data(),
+                                                subnormal_scales.data())
+                  .ok());
+  // No refused call wrote an output.
+  CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == -3.0F; }));
+  CHECK(std::all_of(out_v.begin(), out_v.end(), [](float x) { return x == -3.0F; }));
 }
