@@ -74,6 +74,15 @@ struct cache_event {
   std::int32_t num_tokens = 0;       //!< tokens the entry covers (block_size unless partial)
 };
 
+namespace detail {
+// What prefix_cache::for_each_entry calls: f(block, tokens, key).
+template <class F>
+concept entry_visitor = requires(F& f, block_id b, std::span<const token_id> tokens,
+                                 const block_key& key) {
+  f(b, tokens, key);
+};
+} // namespace detail
+
 //! A request's admission: the prefix served from cache and the blocks added for the rest.
 struct admission {
   prefix_match hit;
@@ -386,9 +395,8 @@ public:
   }
 
   //! Calls `f(block, tokens, key)` for every entry: the tokens whose K/V the block must hold.
-  template <class F>
-  requires std::invocable < F&, block_id, std::span<const token_id>,
-  const block_key& > void for_each_entry(F&& f) const {
+  template <detail::entry_visitor F>
+  void for_each_entry(F&& f) const {
     for (block_id b = 0; b < pool_->capacity(); ++b) {
       const entry& e = entries_[static_cast<std::size_t>(b)];
       if (e.len != 0) {
