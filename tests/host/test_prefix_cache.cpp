@@ -620,6 +620,34 @@ TEST_CASE("evict and clear give cached blocks back", "[prefix_cache]") {
   CHECK(pool.num_free() == 8);
 }
 
+TEST_CASE("a sequence rolled back to no blocks after a clear publishes again", "[prefix_cache]") {
+  block_pool pool(16);
+  table_t table(pool, 4);
+  kvkit::prefix_cache<> cache(pool, 4);
+  const auto prompt = iota_tokens(9);
+  REQUIRE(cache.admit(table, 1, prompt).ok());
+  CHECK(*cache.publish(1, *table.blocks(1), prompt) == 2);
+  cache.clear();
+  // Its chain continues entries that are gone: nothing it publishes now could be found.
+  CHECK(*cache.publish(1, *table.blocks(1), prompt) == 0);
+  CHECK(cache.probe(prompt).num_tokens == 0);
+  // Rolled back to its first block: still after a gone entry.
+  REQUIRE(table.truncate(1, 4).ok());
+  REQUIRE(cache.truncate(1, 4).ok());
+  REQUIRE(table.append_tokens(1, 5, {}).ok());
+  CHECK(*cache.publish(1, *table.blocks(1), prompt) == 0);
+  // Rolled back to nothing: it starts from its root again, and what it computes is found.
+  REQUIRE(table.truncate(1, 0).ok());
+  REQUIRE(cache.truncate(1, 0).ok());
+  REQUIRE(table.append_tokens(1, 9, {}).ok());
+  CHECK(*cache.publish(1, *table.blocks(1), prompt) == 2);
+  CHECK(cache.probe(prompt).num_tokens == 8);
+  REQUIRE(cache.finish(1, *table.blocks(1), prompt).ok());
+  REQUIRE(table.free(1).ok());
+  CHECK(pool.num_evictable() == 2);
+  CHECK(pool.check_consistency());
+}
+
 TEST_CASE("the cache detaches from the pool when destroyed", "[prefix_cache]") {
   block_pool pool(4);
   table_t table(pool, 4);

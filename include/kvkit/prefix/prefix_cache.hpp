@@ -300,8 +300,11 @@ public:
     if (num_tokens < 0) {
       return errc::bad_argument;
     }
-    auto& chain = it->second.chain;
-    chain.resize(std::min(chain.size(), static_cast<std::size_t>(num_tokens / block_size_)));
+    sequence& q = it->second;
+    q.chain.resize(std::min(q.chain.size(), static_cast<std::size_t>(num_tokens / block_size_)));
+    if (q.stop >= q.chain.size()) {
+      q.stop = std::numeric_limits<std::size_t>::max(); // rolled back before it: publish again
+    }
     return {};
   }
 
@@ -326,7 +329,7 @@ public:
     (void)publish_full(q, blocks, tokens);
     raise_kept_levels(q);
     const auto tail = static_cast<std::int32_t>(tokens.size()) % block_size_;
-    if (options_.share_partial_blocks && tail != 0 && !q.collided &&
+    if (options_.share_partial_blocks && tail != 0 && !collided(q) &&
         q.chain.size() == static_cast<std::size_t>(full)) {
       const block_key parent = full == 0 ? q.root : q.chain.back().key;
       const std::uint64_t tag = full == 0 ? root_tag(q.root) : q.chain.back().tag;
@@ -365,10 +368,13 @@ public:
 
   //! Drops every entry: evictable blocks become free, blocks in use just stop being matchable.
   //! Tracked sequences with blocks matched or published publish nothing more (the entries they
-  //! continue are gone, so what they published next could never be found).
+  //! continue are gone, so what they published next could never be found) until they are
+  //! truncated to no blocks.
   void clear() {
     for (auto& [id, q] : seqs_) {
-      q.collided = q.collided || !q.chain.empty();
+      if (!q.chain.empty()) {
+        q.stop = 0; // until it is truncated to no blocks: its root is all that still leads anywhere
+      }
     }
     if (num_entries_ == 0) {
       return;
@@ -433,11 +439,15 @@ private:
     block_key root;
     std::vector<link> chain; // its first chain.size() (full) blocks
     retention keep;
-    // A block of its chain found no place in the index (another entry holds it: other tokens
-    // with the same content hash, another root with the same root tag, or the block itself
-    // published elsewhere): publish no further.
-    bool collided = false;
+    // The place in its chain from which it publishes nothing: the first block that found no
+    // place in the index (another entry holds it: other tokens with the same content hash, another
+    // root with the same root tag, or the block itself published elsewhere), or 0 after `clear`
+    // (the entries its chain follows are gone). A truncation back before that place lifts it.
+    std::size_t stop = std::numeric_limits<std::size_t>::max();
   };
+  [[nodiscard]] static bool collided(const sequence& q) noexcept {
+    return q.stop != std::numeric_limits<std::size_t>::max();
+  }
 
   // Tags name what a block follows: a published block and its generation (top bit set), or the
   // root key of a request's extra bytes (top bit clear; a first block is also checked against
@@ -669,14 +679,16 @@ private:
       const std::uint64_t parent_tag = i == 0 ? root_tag(q.root) : q.chain[i - 1].tag;
       const auto blk = tokens.subspan(i * bs, bs);
       link l{hasher_(parent, blk, {}), 0, blocks[i]};
-      if (!q.collided) {
+      if (!collided(q)) {
         const auto [at, added] = store_full(blocks[i], l.key, parent, parent_tag, blk,
                                             level_of(q, static_cast<std::int32_t>(i)),
                                             detail::content_hash(blk.data(), bs));
         // No entry holds this place (another block's tokens have the same content hash under
         // the same parent): later blocks have no tag to be found under.
-        q.collided = at == invalid_block_id;
-        l.tag = q.collided ? 0 : tag_of(at);
+        if (at == invalid_block_id) {
+          q.stop = i;
+        }
+        l.tag = at == invalid_block_id ? 0 : tag_of(at);
         stored += added ? 1 : 0;
       }
       q.chain.push_back(l);
