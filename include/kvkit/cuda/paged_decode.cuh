@@ -159,12 +159,7 @@ template <class Layout, query_element T>
                                      plan.max_splits > decode_plan::head_split_max_splits))) {
     return errc::bad_argument;
   }
-  const attention_options& o = a.options;
-  // A soft cap is 0 (none) or a normal float: the kernel divides by it once, and the reciprocal of
-  // a subnormal cap is infinite (a logit of 0 would become NaN).
-  if (!(o.scale >= 0.0F) || !std::isfinite(o.scale) || o.window < 0 || o.window != s.window ||
-      !(o.logits_soft_cap == 0.0F ||
-        (o.logits_soft_cap > 0.0F && std::isnormal(o.logits_soft_cap)))) {
+  if (!a.options.validate().ok() || a.options.window != s.window) {
     return errc::bad_argument;
   }
   if (a.cache == nullptr || !detail::aligned<16>(a.cache) || a.capacity <= 0 || a.q == nullptr ||

@@ -43,14 +43,6 @@ inline bool table_arrays_ok(const csr_page_table& t) noexcept {
                                t.last_page_len != nullptr);
 }
 
-// The options the GPU kernels take: a finite scale of at least 0 (0: 1/sqrt(head_dim)), a window
-// of at least 0, a soft cap of 0 (none) or a positive normal float.
-inline bool options_ok(const attention_options& o) noexcept {
-  return o.scale >= 0.0F && std::isfinite(o.scale) && o.window >= 0 &&
-         (o.logits_soft_cap == 0.0F ||
-          (o.logits_soft_cap > 0.0F && std::isnormal(o.logits_soft_cap)));
-}
-
 } // namespace detail
 
 //! Attention of `qo_indptr`-grouped queries over a paged cache. Sequence b of `table` has
@@ -82,7 +74,7 @@ paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_c
       q == nullptr || out == nullptr || num_q_heads <= 0 || num_q_heads % kv_heads != 0 ||
       table.page_size != layout.page_size() ||
       qo_indptr.size() != static_cast<std::size_t>(table.batch_size) + 1 || qo_indptr[0] != 0 ||
-      (table.batch_size > 0 && table.indptr[0] < 0) || !detail::options_ok(options) ||
+      (table.batch_size > 0 && table.indptr[0] < 0) || !options.validate().ok() ||
       !detail::scales_ok<K>(static_scales, kv_heads) ||
       !detail::scales_ok<V>(static_scales == nullptr ? nullptr : static_scales + kv_heads,
                             kv_heads)) {
