@@ -27,6 +27,7 @@
 set -uo pipefail
 build=${1:-build/release}
 logs=${2:-gpu-logs}
+ptx_timeout=${KVKIT_PTX_TIMEOUT:-300}
 mkdir -p "$logs"
 : >"$logs/examples.txt"
 : >"$logs/sanitizer.txt"
@@ -86,13 +87,13 @@ python3 "$here/decode_targets.py" "$logs/bench_decode.json" 2>&1 | tee "$logs/ta
 ptx_tests_rc=
 if [[ -d $build/ptx ]]; then
   export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296} # every kernel's compiled PTX kept
-  timeout "${KVKIT_PTX_TIMEOUT:-300}" "$build/ptx/tests/kvkit_cuda_tests" --durations yes \
+  timeout "$ptx_timeout" "$build/ptx/tests/kvkit_cuda_tests" --durations yes \
     >"$logs/ptx_cuda_tests.txt" 2>&1
   ptx_tests_rc=$?
   echo "PTX build's GPU tests: exit $ptx_tests_rc; $(grep -E "^(All tests passed|test cases:)" \
     "$logs/ptx_cuda_tests.txt" | tail -1)" | tee -a "$logs/examples.txt"
   [[ $ptx_tests_rc -eq 0 ]] || rc=1
-  run_examples "$build/ptx" "${KVKIT_PTX_TIMEOUT:-300}" ptx_
+  run_examples "$build/ptx" "$ptx_timeout" ptx_
 fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [[ -n $sanitizer ]]; then
