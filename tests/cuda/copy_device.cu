@@ -167,6 +167,20 @@ std::vector<std::string> copy_validation_failures() {
   check("debug mode without a source capacity", c, false);
   c.src_capacity = 8;
   check("debug mode with both capacities", c, true);
+  c.page_check = reinterpret_cast<std::int32_t*>(reinterpret_cast<std::byte*>(&flag) + 2);
+  check("misaligned debug flag", c, false);
+  c = good;
+  c.num_pairs = 0;
+  c.page_check = &flag;
+  check("debug mode without capacities and no pairs", c, false);
+  // The kernel reads pairs and layer pointers an element at a time.
+  c = good;
+  c.pairs =
+      reinterpret_cast<const kvkit::block_copy*>(reinterpret_cast<const std::byte*>(pairs) + 2);
+  check("misaligned pairs", c, false);
+  c = good;
+  c.dst_layers = reinterpret_cast<std::byte* const*>(reinterpret_cast<const std::byte*>(layer) + 4);
+  check("misaligned destination layers", c, false);
   return failed;
 }
 

@@ -755,6 +755,31 @@ std::vector<std::string> decode_validation_failures() {
   a = good;
   a.table.last_page_len = nullptr;
   check("null last_page_len", a, plan, fake, ws, false);
+  // The page table, log-sum-exps, fp8 scales and debug flag are read or written an element at a
+  // time: each needs its element's alignment, no more.
+  auto* const odd = reinterpret_cast<std::int32_t*>(fake + 2);
+  a = good;
+  a.table.indptr = p + 1;
+  a.table.indices = p + 3;
+  a.table.last_page_len = p + 5;
+  a.lse = reinterpret_cast<float*>(fake + 4);
+  a.page_check = p + 7;
+  check("4-byte aligned table, log-sum-exps and debug flag", a, plan, fake, ws, true);
+  a = good;
+  a.table.indptr = odd;
+  check("misaligned indptr", a, plan, fake, ws, false);
+  a = good;
+  a.table.indices = odd;
+  check("misaligned indices", a, plan, fake, ws, false);
+  a = good;
+  a.table.last_page_len = odd;
+  check("misaligned last_page_len", a, plan, fake, ws, false);
+  a = good;
+  a.lse = reinterpret_cast<float*>(fake + 2);
+  check("misaligned lse", a, plan, fake, ws, false);
+  a = good;
+  a.page_check = odd;
+  check("misaligned debug flag", a, plan, fake, ws, false);
   a = good;
   a.table.page_size = 8;
   check("page size differs from the layout", a, plan, fake, ws, false);

@@ -384,12 +384,22 @@ void shared_argument_cases(const Args& good, std::int32_t Args::*count, Ids Args
   with("misaligned cache", false, [&](Args& a) { a.cache = fake + 8; });
   with("misaligned k", false, [](Args& a) { a.k += 1; });
   with("misaligned v", false, [](Args& a) { a.v += 4; });
+  // The arrays read or written an element at a time need only their element's alignment.
+  with("ids at their element's alignment", true,
+       [&](Args& a) { a.*ids = reinterpret_cast<Ids>(fake + sizeof(*(a.*ids))); });
+  with("misaligned ids", false, [&](Args& a) { a.*ids = reinterpret_cast<Ids>(fake + 2); });
+  with("debug flag", true,
+       [&](Args& a) { a.page_check = reinterpret_cast<std::int32_t*>(fake + 4); });
+  with("misaligned debug flag", false,
+       [&](Args& a) { a.page_check = reinterpret_cast<std::int32_t*>(fake + 2); });
 }
 
 // An fp8 cache's arguments `a` without their static scales (rejected), then with `scales`.
 template <class Args, class Check>
 void static_scale_cases(Args a, const float* scales, Check&& check) {
   check("fp8 without static scales", a, false);
+  a.static_scales = reinterpret_cast<const float*>(reinterpret_cast<const std::byte*>(scales) + 2);
+  check("fp8 with misaligned static scales", a, false);
   a.static_scales = scales;
   check("fp8 with static scales", a, true);
 }

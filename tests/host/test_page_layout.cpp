@@ -80,6 +80,15 @@ TEST_CASE("invalid geometries are rejected", "[layout]") {
   CHECK_FALSE(kvkit::paged_layout<kvkit::int4_channel_codec>(16, 8, 127).validate().ok());
   CHECK_FALSE(kvkit::paged_layout<kvkit::fp16_codec>(1 << 20, 64, 256).validate().ok());
   CHECK(kvkit::paged_layout<kvkit::int8_codec>(16, 8, 127).validate().ok());
+  // Dimensions whose product overflows 64 bits once scaled to bytes (it wrapped to a negative
+  // page size, or to 0, and passed) are refused as any other page over 1 GiB.
+  CHECK_FALSE(kvkit::paged_layout<kvkit::fp16_codec>(1, INT32_MAX, 3 << 29).validate().ok());
+  CHECK_FALSE(kvkit::paged_layout<kvkit::fp16_codec>(4, 1 << 30, 1 << 30).validate().ok());
+  CHECK_FALSE(
+      kvkit::paged_layout<kvkit::fp16_codec>(INT32_MAX, INT32_MAX, INT32_MAX).validate().ok());
+  CHECK_FALSE(kvkit::paged_layout<kvkit::fp16_codec>(1 << 28, 1, 2).validate().ok());
+  CHECK(kvkit::paged_layout<kvkit::fp16_codec>(1 << 20, 2, 128).validate().ok());
+  CHECK(kvkit::paged_layout<kvkit::fp16_codec>(1 << 20, 2, 128).bytes_per_page() == (1LL << 30));
   // A page stays under 2 GiB with its parameters too: per-channel scales of a one-token page of
   // 2^28 channels take 1 GiB each for K and V, over the data's 128 MiB each.
   using per_channel = kvkit::paged_layout<kvkit::int4_channel_codec>;

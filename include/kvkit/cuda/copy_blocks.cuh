@@ -34,7 +34,8 @@ struct page_copies {
 
 //! bad_argument for a layer count outside 1 to 65535 (copy_blocks runs a layer a grid row), a
 //! non-positive page size or one that is not a multiple of 16, a negative pair count, null
-//! pointers when there is work, or the debug mode without positive capacities. Page ids must lie
+//! pointers or arrays not aligned to their elements when there is work, or the debug mode without
+//! positive capacities (pairs or none). Page ids must lie
 //! inside both caches (checked on the device only in the debug mode, page_copies::page_check),
 //! and no page may be both a source and a destination of one batch, nor the destination of two
 //! pairs (block_table's copy lists never are).
@@ -43,9 +44,12 @@ struct page_copies {
       c.bytes_per_page % 16 != 0 || c.num_pairs < 0) {
     return errc::bad_argument;
   }
+  if (c.page_check != nullptr && (c.src_capacity <= 0 || c.dst_capacity <= 0)) {
+    return errc::bad_argument;
+  }
   if (c.num_pairs > 0 &&
       (c.src_layers == nullptr || c.dst_layers == nullptr || c.pairs == nullptr ||
-       (c.page_check != nullptr && (c.src_capacity <= 0 || c.dst_capacity <= 0)))) {
+       !detail::elements_aligned(c.src_layers, c.dst_layers, c.pairs, c.page_check))) {
     return errc::bad_argument;
   }
   return {};

@@ -123,7 +123,8 @@ inline constexpr bool decode_codec = device_codec<C> &&
 //! is rejected), the page table's page size is the layout's, the batch fits the plan (equals it
 //! unless the plan is graph-safe; the plan's batch and KV heads are at most 65535 each, the grid's
 //! z and y: decode_shape::validate), the pointers are set (the fp8 scales' pointer included: their
-//! values, on the device, are not checked; the cache, queries and outputs 16-byte aligned), options
+//! values, on the device, are not checked; the cache, queries and outputs 16-byte aligned, the
+//! page table, log-sum-exps, fp8 scales and debug flag aligned to their elements), options
 //! are in range, the plan's heads_per_block is 1, or decode_plan::head_split_heads with KV heads a
 //! multiple of it and at most decode_plan::head_split_max_splits splits, the workspace holds
 //! plan.workspace_bytes() 16-byte-aligned bytes, and zeroed
@@ -164,7 +165,9 @@ template <class Layout, query_element T>
   }
   if (a.cache == nullptr || !detail::aligned<16>(a.cache) || a.capacity <= 0 || a.q == nullptr ||
       a.out == nullptr || !detail::aligned<16>(a.q) || !detail::aligned<16>(a.out) ||
-      a.table.indptr == nullptr || a.table.indices == nullptr || a.table.last_page_len == nullptr) {
+      a.table.indptr == nullptr || a.table.indices == nullptr || a.table.last_page_len == nullptr ||
+      !detail::elements_aligned(a.table.indptr, a.table.indices, a.table.last_page_len, a.lse,
+                                a.static_scales, a.page_check)) {
     return errc::bad_argument;
   }
   if (Layout::has_static_scales && a.static_scales == nullptr) {

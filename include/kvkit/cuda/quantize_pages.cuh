@@ -94,7 +94,8 @@ template <class Layout>
 //! of at most 262140 tokens; for a per-channel codec, at most 65535 * 896 four-channel quads a
 //! token, over 234 million channels), the batch is non-negative, and when there is work the
 //! pointers that the codecs need are set, the cache, k and v 16-byte aligned (the kernels move 16
-//! bytes at a time; a misaligned access would fault on the device), and capacity > 0.
+//! bytes at a time; a misaligned access would fault on the device), the page ids, fp8 scales and
+//! debug flag aligned to their elements, and capacity > 0.
 template <class Layout, page_element T>
 [[nodiscard]] status validate(const page_batch<Layout, T>& b) {
   const auto& l = b.layout;
@@ -112,7 +113,8 @@ template <class Layout, page_element T>
   if (b.num_pages > 0 &&
       (b.cache == nullptr || b.page_ids == nullptr || b.k == nullptr || b.v == nullptr ||
        b.capacity <= 0 || (Layout::has_static_scales && b.static_scales == nullptr) ||
-       !detail::aligned<16>(b.cache) || !detail::aligned<16>(b.k) || !detail::aligned<16>(b.v))) {
+       !detail::aligned<16>(b.cache) || !detail::aligned<16>(b.k) || !detail::aligned<16>(b.v) ||
+       !detail::elements_aligned(b.page_ids, b.static_scales, b.page_check))) {
     return errc::bad_argument;
   }
   return {};

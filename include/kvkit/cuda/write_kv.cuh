@@ -37,8 +37,9 @@ struct kv_write {
 //! multiple of 8 and, for per-token-head codecs such as int8, 64, 128 or 256; a page's K or V
 //! region at most 2^31 bits), neither codec keeps per-page parameters (a per-channel codec needs
 //! whole pages: use quantize_pages), the count is from 0 to INT32_MAX - 3, and when there are
-//! tokens the pointers the codecs need are set, capacity > 0, and the cache, k and v 16-byte
-//! aligned (the kernel moves 16 bytes at a time; a misaligned access would fault on the device).
+//! tokens the pointers the codecs need are set, capacity > 0, the cache, k and v 16-byte aligned
+//! (the kernel moves 16 bytes at a time; a misaligned access would fault on the device), and the
+//! slots, fp8 scales and debug flag aligned to their elements.
 //! Slots must lie inside the cache (block_table's slot mappings do); they are checked on the
 //! device only in the debug mode (kv_write::page_check).
 template <class Layout, page_element T>
@@ -53,7 +54,8 @@ template <class Layout, page_element T>
   if (w.num_tokens > 0 &&
       (w.cache == nullptr || w.slots == nullptr || w.k == nullptr || w.v == nullptr ||
        w.capacity <= 0 || (Layout::has_static_scales && w.static_scales == nullptr) ||
-       !detail::aligned<16>(w.cache) || !detail::aligned<16>(w.k) || !detail::aligned<16>(w.v))) {
+       !detail::aligned<16>(w.cache) || !detail::aligned<16>(w.k) || !detail::aligned<16>(w.v) ||
+       !detail::elements_aligned(w.slots, w.static_scales, w.page_check))) {
     return errc::bad_argument;
   }
   return {};

@@ -55,8 +55,14 @@ public:
   //! at most INT32_MAX: kernels locate a page's bytes in 32 bits), 4-bit codecs have an even
   //! head_dim, and grouped codecs' group size divides head_dim.
   [[nodiscard]] constexpr status validate() const noexcept {
-    if (page_size_ <= 0 || num_kv_heads_ <= 0 || head_dim_ <= 0 ||
-        static_cast<std::int64_t>(page_size_) * num_kv_heads_ * head_dim_ * 2 * 2 > (1LL << 30)) {
+    if (page_size_ <= 0 || num_kv_heads_ <= 0 || head_dim_ <= 0) {
+      return errc::bad_argument;
+    }
+    // K and V of 2^28 elements each as 16-bit elements make 1 GiB; bounded a factor at a time so
+    // that no product overflows 64 bits (2^30 * 2^31 at most).
+    constexpr std::int64_t max_elements = std::int64_t{1} << 28;
+    const std::int64_t tokens_heads = static_cast<std::int64_t>(page_size_) * num_kv_heads_;
+    if (tokens_heads > max_elements || tokens_heads * head_dim_ > max_elements) {
       return errc::bad_argument;
     }
     if (!fits<KCodec>() || !fits<VCodec>() || bytes_per_page() > INT32_MAX) {

@@ -22,6 +22,13 @@ template <std::size_t Bytes>
   return reinterpret_cast<std::uintptr_t>(p) % Bytes == 0;
 }
 
+//! Whether each of `p...` is aligned for its own element type (a null pointer is): the arrays the
+//! kernels read or write an element at a time, where a misaligned one would fault on the device.
+template <class... E>
+[[nodiscard]] inline bool elements_aligned(const E*... p) {
+  return (aligned<alignof(E)>(p) && ...);
+}
+
 //! The error an earlier CUDA call of this thread left pending (a failed launch its caller did not
 //! check), taken as cudaGetLastError takes it, or cudaSuccess. Each launcher with work to do
 //! returns it, once its arguments are valid, before it queries or launches anything: the error a
