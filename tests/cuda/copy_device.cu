@@ -155,6 +155,9 @@ std::vector<std::string> copy_validation_failures() {
   c.src_layers = nullptr;
   check("null source layers", c, false);
   c = good;
+  c.dst_layers = nullptr;
+  check("null destination layers", c, false);
+  c = good;
   c.pairs = nullptr;
   check("null pairs", c, false);
   // The debug mode needs both capacities.

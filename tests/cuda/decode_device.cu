@@ -797,6 +797,21 @@ std::vector<std::string> decode_validation_failures() {
     const std::string name = "graph-safe plan of 3, batch " + std::to_string(batch);
     check(name.c_str(), a, graph, fake, graph.workspace_bytes(), batch >= 0 && batch <= 3);
   }
+  // An empty batch under a graph-safe plan: accepted, and the launcher returns success having
+  // launched nothing (no CUDA call: this runs without a device too).
+  a = good;
+  a.table.batch_size = 0;
+  if (!launchers_agree(
+          kvkit::cuda::validate(a, graph, fake, graph.workspace_bytes()).ok(), true, false, [&] {
+            return kvkit::cuda::paged_decode(a, graph, fake, graph.workspace_bytes(), nullptr);
+          })) {
+    failed.emplace_back("graph-safe plan of 3, batch 0, launched");
+  }
+  // The launcher of one head dim refuses a plan for another, before anything else.
+  if (kvkit::cuda::paged_decode_dim<64>(good, plan, fake, ws, nullptr) != cudaErrorInvalidValue ||
+      kvkit::cuda::paged_decode_dim<256>(good, plan, fake, ws, nullptr) != cudaErrorInvalidValue) {
+    failed.emplace_back("paged_decode_dim of another head dim");
+  }
   // At most 65535 sequences (the grid's z): the plans refuse more (decode_shape::validate), and
   // so does the launcher, given a plan made by hand for more.
   {
@@ -857,9 +872,20 @@ std::vector<std::string> decode_validation_failures() {
   a = good;
   a.options.scale = std::numeric_limits<float>::infinity();
   check("infinite scale", a, plan, fake, ws, false);
+  a.options.scale = -0.125F;
+  check("negative scale", a, plan, fake, ws, false);
+  a.options.scale = std::numeric_limits<float>::quiet_NaN();
+  check("NaN scale", a, plan, fake, ws, false);
   auto bad_plan = plan;
   bad_plan.chunk_tokens = 100;
   check("chunk not a multiple of the tile", good, bad_plan, fake, ws, false);
+  bad_plan.chunk_tokens = 0;
+  check("a chunk of no keys", good, bad_plan, fake, ws, false);
+  bad_plan.chunk_tokens = -static_cast<std::int32_t>(kvkit::decode_plan::tile_tokens);
+  check("a negative chunk", good, bad_plan, fake, ws, false);
+  bad_plan = plan;
+  bad_plan.max_splits = 0;
+  check("no splits", good, bad_plan, fake, ws, false);
   // A chunk of at most 2^30 keys, as the plans make them (the kernel's split ends are 32-bit).
   bad_plan = plan;
   bad_plan.chunk_tokens = 1 << 30;

@@ -381,6 +381,7 @@ void shared_argument_cases(const Args& good, std::int32_t Args::*count, Ids Args
   with("null k", false, [](Args& a) { a.k = nullptr; });
   with("null v", false, [](Args& a) { a.v = nullptr; });
   with("no capacity", false, [](Args& a) { a.capacity = 0; });
+  with("negative capacity", false, [](Args& a) { a.capacity = -4; });
   with("misaligned cache", false, [&](Args& a) { a.cache = fake + 8; });
   with("misaligned k", false, [](Args& a) { a.k += 1; });
   with("misaligned v", false, [](Args& a) { a.v += 4; });
@@ -430,6 +431,13 @@ std::vector<std::string> page_validation_failures() {
                      write);
   using w_kivi = kvkit::cuda::kv_write<l_kivi, __nv_bfloat16>;
   write("per-channel K", w_kivi{l_kivi(16, 8, 128), fake, 4, slots, 3, t, t, nullptr}, false);
+  // Per-channel V too (only validate is called: no kernel is built for this layout).
+  using l_channel_v = paged_layout<kvkit::int8_codec, kvkit::int4_channel_codec>;
+  if (kvkit::cuda::validate(kvkit::cuda::kv_write<l_channel_v, __nv_bfloat16>{
+                                l_channel_v(16, 8, 128), fake, 4, slots, 3, t, t, nullptr})
+          .ok()) {
+    failed.emplace_back("write_kv: per-channel V");
+  }
   // int8's quantizer reduces a head's row across 2, 4 or 8 lanes, as quantize_pages' does.
   using w_int8 = kvkit::cuda::kv_write<l_int8, __nv_bfloat16>;
   write("int8 (one scale a head vector) at head dim 96",
