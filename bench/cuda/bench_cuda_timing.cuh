@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -35,9 +36,13 @@ double median_seconds(F&& fn, int reps = 15, cudaStream_t stream = nullptr) {
     cudaEventRecord(a, stream);
     fn();
     cudaEventRecord(b, stream);
-    cudaEventSynchronize(b);
     float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
+    if (cudaEventSynchronize(b) != cudaSuccess || cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+      // A failed run (a fault in `fn`) has no time: NaN, never a figure.
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      return std::numeric_limits<double>::quiet_NaN();
+    }
     t.push_back(ms);
   }
   cudaEventDestroy(a);
@@ -47,14 +52,17 @@ double median_seconds(F&& fn, int reps = 15, cudaStream_t stream = nullptr) {
 
 // The benchmark loop of GPU launches: each iteration times `calls` back-to-back calls of `launch`
 // (which returns the launch's cudaError_t) between two CUDA events and reports the time per call
-// as manual time; stops with an error on failure. Returns the per-call seconds of each iteration.
-// The events go to `stream`, the stream `launch` queues its work on. With `host_per_call`, also
-// the host's seconds per call to queue the loop (the calls, not the wait for them): where they
-// come near the event time, the loop measures how fast the host launches, not the kernel.
+// as manual time, a call being `per_launch` calls of the kernel measured (a graph's replay of
+// several); stops with an error on failure, a launch's or one the device reports at the wait.
+// Returns the per-call seconds of each iteration. The events go to `stream`, the stream `launch`
+// queues its work on. With `host_per_call`, also the host's seconds per call to queue the loop (the
+// calls, not the wait for them): where they come near the event time, the loop measures how fast
+// the host launches, not the kernel.
 template <class Launch>
 std::vector<double> time_launches(benchmark::State& state, Launch&& launch, int calls = 1,
                                   cudaStream_t stream = nullptr,
-                                  std::vector<double>* host_per_call = nullptr) {
+                                  std::vector<double>* host_per_call = nullptr,
+                                  int per_launch = 1) {
   std::vector<double> per_call;
   cudaEvent_t a, e;
   cudaEventCreate(&a);
@@ -71,14 +79,17 @@ std::vector<double> time_launches(benchmark::State& state, Launch&& launch, int 
       host_per_call->push_back(queued.count() / calls);
     }
     cudaEventRecord(e, stream);
-    cudaEventSynchronize(e);
+    const cudaError_t waited = cudaEventSynchronize(e);
+    float ms = 0;
+    if (err == cudaSuccess) {
+      err = waited != cudaSuccess ? waited : cudaEventElapsedTime(&ms, a, e);
+    }
     if (err != cudaSuccess) {
       state.SkipWithError(cudaGetErrorString(err));
+      per_call.clear(); // no figure from a run that failed
       break;
     }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, e);
-    per_call.push_back(ms * 1e-3 / calls);
+    per_call.push_back(ms * 1e-3 / (static_cast<double>(calls) * per_launch));
     state.SetIterationTime(per_call.back());
   }
   cudaEventDestroy(a);

@@ -6,7 +6,8 @@
 // size 16, plus a page-size sweep (bf16: 1, 2, 4, 8, 16, 32 and 64; fp8 and int4: 1, 16 and 64),
 // and bf16, fp8 e4m3 and int4 g32 in HND pages at the same shapes as fp16's. Pages are
 // scattered at random over a cache of 4 M tokens, filled through quantize_pages from random values,
-// and small shapes rotate over disjoint page sets so that no launch finds its keys in the 60 MB L2.
+// and small shapes rotate over disjoint page sets, up to 256 of them, so that the keys of one loop
+// (512 MB of them where the cache holds that many) are far more than the 50 MB L2 holds.
 // Time per call comes from a back-to-back loop of launches between two events (median of 7 loops).
 // The paged_decode_graph rows capture the same loop, planned with plan_decode_graph_safe, in a CUDA
 // graph and time its replays, as an engine that runs its decode step from a graph would see the
@@ -21,7 +22,7 @@
 // time of the launch alone, for the stream rows' host_us (the host's time to queue a call).
 //
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
-// memcpy of 1 GB from the same run, PyTorch SDPA on contiguous KV of the same shape when
+// memcpy of 1 GB from the same run, PyTorch SDPA on contiguous bf16 KV of the same shape when
 // KVKIT_SDPA_CSV names the file bench/cuda/sdpa_peer.py wrote in the same run, the target of the
 // shape and the ratios; quantized rows also print their time over bf16's at the same shape and in
 // the same order (NHD or HND).
@@ -308,7 +309,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
   const auto rotations = static_cast<std::int32_t>(std::clamp<std::int64_t>(
       std::min<std::int64_t>(static_cast<std::int64_t>(rotate_bytes / kv_bytes) + 1,
                              ctx->capacity / pages),
-      1, 32));
+      1, 256));
 
   // Page tables of `rotations` disjoint page sets, one device array each after the other.
   std::vector<std::int32_t> indptr(static_cast<std::size_t>(batch) + 1);
@@ -430,10 +431,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     if (err == cudaSuccess) {
       cudaGraphLaunch(exec, stream); // warm-up replay
       per_call = kvkit_bench::time_launches(
-          state, [&] { return cudaGraphLaunch(exec, stream); }, 1, stream);
-      for (double& t : per_call) {
-        t /= calls;
-      }
+          state, [&] { return cudaGraphLaunch(exec, stream); }, 1, stream, nullptr, calls);
     } else {
       state.SkipWithError(cudaGetErrorString(err));
     }
@@ -473,7 +471,11 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     }
     const auto sdpa = sdpa_seconds().find({batch, len, group});
     if (peer_heads && sdpa != sdpa_seconds().end()) {
-      state.counters["sdpa_TB/s"] = bytes / sdpa->second / 1e12;
+      // SDPA reads bf16 K/V of the same shape, contiguous, whatever this row's codec: its rate
+      // from its own bytes, and the ratio of the two times.
+      const double sdpa_bytes =
+          2.0 * batch * len * kv_heads() * head_dim() * 2 + 2.0 * batch * q_heads * head_dim() * 2;
+      state.counters["sdpa_TB/s"] = sdpa_bytes / sdpa->second / 1e12;
       state.counters["x_sdpa"] = sdpa->second / t; // > 1: faster than SDPA on contiguous KV
     }
     const shape_key key{batch, len, group, page_size};

@@ -1,6 +1,6 @@
 // GPU page quantize / dequantize throughput, per codec, beside a device-to-device copy measured in
 // the same run. Effective bytes = bytes read + bytes written (input, pages with their scales).
-// Target: >= 3.5 TB/s effective (shared/PERFORMANCE.md).
+// Target: >= 3.5 TB/s effective (docs/performance.md).
 
 #include <algorithm>
 #include <cstdio>
