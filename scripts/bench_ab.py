@@ -24,7 +24,10 @@ def load(path):
         if row.get("run_type") == "aggregate" or row.get("error_occurred"):
             continue
         name = row["name"].split("/iterations:")[0].removesuffix("/manual_time")
-        rows[name] = float(row["us"]) if "us" in row else float(row["real_time"])
+        t = float(row["us"]) if "us" in row else float(row["real_time"])
+        # A file of several repetitions (--benchmark_repetitions) holds a row per repetition: the
+        # smallest, as over runs.
+        rows[name] = min(rows.get(name, math.inf), t)
     return rows
 
 
