@@ -35,10 +35,10 @@ struct page_copies {
 //! bad_argument for a layer count outside 1 to 65535 (copy_blocks runs a layer a grid row), a
 //! non-positive page size or one that is not a multiple of 16, a negative pair count, null
 //! pointers or arrays not aligned to their elements when there is work, or the debug mode without
-//! positive capacities (pairs or none). Page ids must lie
-//! inside both caches (checked on the device only in the debug mode, page_copies::page_check),
-//! and no page may be both a source and a destination of one batch, nor the destination of two
-//! pairs (block_table's copy lists never are).
+//! positive capacities (pairs or none). Page ids must lie inside both caches (checked on the
+//! device only in the debug mode, page_copies::page_check), and no page may be both a source and
+//! a destination of one batch, nor the destination of two pairs (block_table's copy lists never
+//! are).
 [[nodiscard]] inline status validate(const page_copies& c) {
   if (c.num_layers <= 0 || c.num_layers > detail::max_grid_rows || c.bytes_per_page <= 0 ||
       c.bytes_per_page % 16 != 0 || c.num_pairs < 0) {
