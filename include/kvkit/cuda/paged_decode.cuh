@@ -182,7 +182,7 @@ template <class Layout, query_element T>
           ? a.zeroed_counter_count != 0
           : a.zeroed_counter_count < 0 ||
                 static_cast<std::uint64_t>(a.zeroed_counter_count) < plan.counter_count() ||
-                !detail::aligned<alignof(std::uint32_t)>(a.zeroed_counters)) {
+                !detail::elements_aligned(a.zeroed_counters)) {
     return errc::bad_argument;
   }
   return {};
