@@ -171,6 +171,46 @@ int two_tiles_override() { // -1: the plan's
   }();
   return two;
 }
+// The settings above that are in effect, as "NAME=value" items (the values the rows run with), or
+// "none": the run's context carries it as kvkit_decode_overrides, so that a run with any of them,
+// which measures something other than the library's defaults, is told from one without
+// (scripts/decode_targets.py refuses it).
+std::string overrides_in_effect() {
+  std::string out;
+  const auto add = [&out](const char* name, const std::string& value) {
+    out += (out.empty() ? "" : " ") + std::string(name) + "=" + value;
+  };
+  if (kv_heads() != 8) {
+    add("KVKIT_DECODE_KV_HEADS", std::to_string(kv_heads()));
+  }
+  if (head_dim() != 128) {
+    add("KVKIT_DECODE_HEAD_DIM", std::to_string(head_dim()));
+  }
+  if (groups() != std::vector<int>{4, 8}) {
+    std::string list;
+    for (const int g : groups()) {
+      list += (list.empty() ? "" : ",") + std::to_string(g);
+    }
+    add("KVKIT_DECODE_GROUPS", list);
+  }
+  if (chunk_override() != 0) {
+    add("KVKIT_DECODE_CHUNK", std::to_string(chunk_override()));
+  }
+  if (launch_override() != 0) {
+    add("KVKIT_DECODE_LAUNCH", launch_override() == 1 ? "late" : "plain");
+  }
+  if (page_order_override() != 0) {
+    add("KVKIT_DECODE_PAGE_ORDER",
+        page_order_override() < 0 ? "sequential" : std::to_string(page_order_override()));
+  }
+  if (heads_override() != 0) {
+    add("KVKIT_DECODE_HEADS", std::to_string(heads_override()));
+  }
+  if (two_tiles_override() >= 0) {
+    add("KVKIT_DECODE_TWO_TILES", std::to_string(two_tiles_override()));
+  }
+  return out.empty() ? "none" : out;
+}
 // bf16's seconds per shape in each order (NHD, HND): a quantized row is compared with bf16 in its
 // own order.
 std::map<shape_key, double>& bf16_seconds(kvkit::kv_order order = kvkit::kv_order::nhd) {
@@ -614,6 +654,7 @@ const bool registered = [] {
   register_codec<paged_layout<kvkit::int4_group_codec<128>>>("int4_g128", {16}, false);
   register_graph_rows();
   register_row("paged_decode_launch/empty_kernel", BM_launch_peer);
+  benchmark::AddCustomContext("kvkit_decode_overrides", overrides_in_effect());
   return true;
 }();
 

@@ -728,69 +728,48 @@ std::vector<std::string> decode_validation_failures() {
   check("workspace missing", good, plan, nullptr, ws, false);
   check("workspace too small", good, plan, fake, ws - 4, false);
   check("workspace misaligned", good, plan, fake + 4, ws, false);
-  auto a = good;
-  a.cache = nullptr;
-  check("null cache", a, plan, fake, ws, false);
-  a = good;
-  a.cache = fake + 8;
-  check("misaligned cache", a, plan, fake, ws, false);
-  a = good;
-  a.q = nullptr;
-  check("null q", a, plan, fake, ws, false);
-  a = good;
-  a.q = t + 1;
-  check("misaligned q", a, plan, fake, ws, false);
-  a = good;
-  a.out = nullptr;
-  check("null out", a, plan, fake, ws, false);
-  a = good;
-  a.out = t + 4;
-  check("misaligned out", a, plan, fake, ws, false);
-  a = good;
-  a.table.indices = nullptr;
-  check("null indices", a, plan, fake, ws, false);
-  a = good;
-  a.table.indptr = nullptr;
-  check("null indptr", a, plan, fake, ws, false);
-  a = good;
-  a.table.last_page_len = nullptr;
-  check("null last_page_len", a, plan, fake, ws, false);
+  // One change each to the good arguments (`with`) or to the plan (`with_plan`), checked with the
+  // other as it is.
+  const auto with = [&](const char* name, bool expect_ok, auto change) {
+    args_t a = good;
+    change(a);
+    check(name, a, plan, fake, ws, expect_ok);
+  };
+  const auto with_plan = [&](const char* name, bool expect_ok, auto change) {
+    kvkit::decode_plan pl = plan;
+    change(pl);
+    check(name, good, pl, fake, ws, expect_ok);
+  };
+  with("null cache", false, [&](args_t& a) { a.cache = nullptr; });
+  with("misaligned cache", false, [&](args_t& a) { a.cache = fake + 8; });
+  with("null q", false, [](args_t& a) { a.q = nullptr; });
+  with("misaligned q", false, [&](args_t& a) { a.q = t + 1; });
+  with("null out", false, [](args_t& a) { a.out = nullptr; });
+  with("misaligned out", false, [&](args_t& a) { a.out = t + 4; });
+  with("null indices", false, [](args_t& a) { a.table.indices = nullptr; });
+  with("null indptr", false, [](args_t& a) { a.table.indptr = nullptr; });
+  with("null last_page_len", false, [](args_t& a) { a.table.last_page_len = nullptr; });
   // The page table, log-sum-exps, fp8 scales and debug flag are read or written an element at a
   // time: each needs its element's alignment, no more.
   auto* const odd = reinterpret_cast<std::int32_t*>(fake + 2);
-  a = good;
-  a.table.indptr = p + 1;
-  a.table.indices = p + 3;
-  a.table.last_page_len = p + 5;
-  a.lse = reinterpret_cast<float*>(fake + 4);
-  a.page_check = p + 7;
-  check("4-byte aligned table, log-sum-exps and debug flag", a, plan, fake, ws, true);
-  a = good;
-  a.table.indptr = odd;
-  check("misaligned indptr", a, plan, fake, ws, false);
-  a = good;
-  a.table.indices = odd;
-  check("misaligned indices", a, plan, fake, ws, false);
-  a = good;
-  a.table.last_page_len = odd;
-  check("misaligned last_page_len", a, plan, fake, ws, false);
-  a = good;
-  a.lse = reinterpret_cast<float*>(fake + 2);
-  check("misaligned lse", a, plan, fake, ws, false);
-  a = good;
-  a.page_check = odd;
-  check("misaligned debug flag", a, plan, fake, ws, false);
-  a = good;
-  a.table.page_size = 8;
-  check("page size differs from the layout", a, plan, fake, ws, false);
-  a = good;
-  a.table.batch_size = 2;
-  check("batch differs from a non-graph plan", a, plan, fake, ws, false);
-  a = good;
-  a.capacity = 0;
-  check("no capacity", a, plan, fake, ws, false);
+  with("4-byte aligned table, log-sum-exps and debug flag", true, [&](args_t& a) {
+    a.table.indptr = p + 1;
+    a.table.indices = p + 3;
+    a.table.last_page_len = p + 5;
+    a.lse = reinterpret_cast<float*>(fake + 4);
+    a.page_check = p + 7;
+  });
+  with("misaligned indptr", false, [&](args_t& a) { a.table.indptr = odd; });
+  with("misaligned indices", false, [&](args_t& a) { a.table.indices = odd; });
+  with("misaligned last_page_len", false, [&](args_t& a) { a.table.last_page_len = odd; });
+  with("misaligned lse", false, [&](args_t& a) { a.lse = reinterpret_cast<float*>(fake + 2); });
+  with("misaligned debug flag", false, [&](args_t& a) { a.page_check = odd; });
+  with("page size differs from the layout", false, [](args_t& a) { a.table.page_size = 8; });
+  with("batch differs from a non-graph plan", false, [](args_t& a) { a.table.batch_size = 2; });
+  with("no capacity", false, [](args_t& a) { a.capacity = 0; });
   // A graph-safe plan serves any batch up to its own, none past it.
   const auto graph = *kvkit::plan_decode_graph_safe({3, 8, 2, 128, 0}, 5000, 132);
+  args_t a;
   for (const std::int32_t batch : {-1, 0, 2, 3, 4}) {
     a = good;
     a.table.batch_size = batch;
@@ -836,97 +815,77 @@ std::vector<std::string> decode_validation_failures() {
   // The caller's zeroed counters: one per (sequence, KV head) of the plan, 4-byte aligned.
   auto* const counters = reinterpret_cast<std::uint32_t*>(fake);
   const auto needed = static_cast<std::int64_t>(plan.counter_count());
-  a = good;
-  a.zeroed_counters = counters;
-  a.zeroed_counter_count = needed;
-  check("zeroed counters", a, plan, fake, ws, true);
-  a.zeroed_counter_count = needed + 100;
-  check("more zeroed counters than needed", a, plan, fake, ws, true);
-  a.zeroed_counter_count = needed - 1;
-  check("too few zeroed counters", a, plan, fake, ws, false);
-  a.zeroed_counter_count = -1;
-  check("negative zeroed counter count", a, plan, fake, ws, false);
-  a.zeroed_counters = reinterpret_cast<std::uint32_t*>(fake + 2);
-  a.zeroed_counter_count = needed;
-  check("misaligned zeroed counters", a, plan, fake, ws, false);
-  a.zeroed_counters = nullptr;
-  check("zeroed counter count without counters", a, plan, fake, ws, false);
-  a = good;
-  a.layout = layout_t(16, 4, 128);
-  check("kv heads differ from the plan", a, plan, fake, ws, false);
-  a = good;
-  a.layout = layout_t(16, 2, 64);
-  check("head dim differs from the plan", a, plan, fake, ws, false);
-  a = good;
-  a.options.window = 5;
-  check("window differs from the plan", a, plan, fake, ws, false);
-  a = good;
-  a.options.logits_soft_cap = -1.0F;
-  check("negative soft cap", a, plan, fake, ws, false);
-  a.options.logits_soft_cap = std::numeric_limits<float>::denorm_min(); // 1 / cap: infinite
-  check("subnormal soft cap", a, plan, fake, ws, false);
-  a.options.logits_soft_cap = std::numeric_limits<float>::min();
-  check("smallest normal soft cap", a, plan, fake, ws, true);
-  a.options.logits_soft_cap = std::numeric_limits<float>::quiet_NaN();
-  check("NaN soft cap", a, plan, fake, ws, false);
-  a = good;
-  a.options.scale = std::numeric_limits<float>::infinity();
-  check("infinite scale", a, plan, fake, ws, false);
-  a.options.scale = -0.125F;
-  check("negative scale", a, plan, fake, ws, false);
-  a.options.scale = std::numeric_limits<float>::quiet_NaN();
-  check("NaN scale", a, plan, fake, ws, false);
-  auto bad_plan = plan;
-  bad_plan.chunk_tokens = 100;
-  check("chunk not a multiple of the tile", good, bad_plan, fake, ws, false);
-  bad_plan.chunk_tokens = 0;
-  check("a chunk of no keys", good, bad_plan, fake, ws, false);
-  bad_plan.chunk_tokens = -static_cast<std::int32_t>(kvkit::decode_plan::tile_tokens);
-  check("a negative chunk", good, bad_plan, fake, ws, false);
-  bad_plan = plan;
-  bad_plan.max_splits = 0;
-  check("no splits", good, bad_plan, fake, ws, false);
+  const auto with_counters = [&](const char* name, bool expect_ok, std::uint32_t* at,
+                                 std::int64_t count) {
+    with(name, expect_ok, [&](args_t& c) {
+      c.zeroed_counters = at;
+      c.zeroed_counter_count = count;
+    });
+  };
+  with_counters("zeroed counters", true, counters, needed);
+  with_counters("more zeroed counters than needed", true, counters, needed + 100);
+  with_counters("too few zeroed counters", false, counters, needed - 1);
+  with_counters("negative zeroed counter count", false, counters, -1);
+  with_counters("misaligned zeroed counters", false, reinterpret_cast<std::uint32_t*>(fake + 2),
+                needed);
+  with_counters("zeroed counter count without counters", false, nullptr, needed);
+  with("kv heads differ from the plan", false, [](args_t& c) { c.layout = layout_t(16, 4, 128); });
+  with("head dim differs from the plan", false, [](args_t& c) { c.layout = layout_t(16, 2, 64); });
+  with("window differs from the plan", false, [](args_t& c) { c.options.window = 5; });
+  const auto with_cap = [&](const char* name, bool expect_ok, float cap) {
+    with(name, expect_ok, [&](args_t& c) { c.options.logits_soft_cap = cap; });
+  };
+  with_cap("negative soft cap", false, -1.0F);
+  with_cap("subnormal soft cap", false, std::numeric_limits<float>::denorm_min()); // 1 / cap: inf
+  with_cap("smallest normal soft cap", true, std::numeric_limits<float>::min());
+  with_cap("NaN soft cap", false, std::numeric_limits<float>::quiet_NaN());
+  const auto with_scale = [&](const char* name, float scale) {
+    with(name, false, [&](args_t& c) { c.options.scale = scale; });
+  };
+  with_scale("infinite scale", std::numeric_limits<float>::infinity());
+  with_scale("negative scale", -0.125F);
+  with_scale("NaN scale", std::numeric_limits<float>::quiet_NaN());
+  const auto with_chunk = [&](const char* name, bool expect_ok, std::int32_t chunk) {
+    with_plan(name, expect_ok, [&](kvkit::decode_plan& pl) { pl.chunk_tokens = chunk; });
+  };
+  constexpr auto tile = static_cast<std::int32_t>(kvkit::decode_plan::tile_tokens);
+  with_chunk("chunk not a multiple of the tile", false, 100);
+  with_chunk("a chunk of no keys", false, 0);
+  with_chunk("a negative chunk", false, -tile);
   // A chunk of at most 2^30 keys, as the plans make them (the kernel's split ends are 32-bit).
-  bad_plan = plan;
-  bad_plan.chunk_tokens = 1 << 30;
-  check("a chunk of 2^30 keys", good, bad_plan, fake, ws, true);
-  bad_plan.chunk_tokens = (1 << 30) + kvkit::decode_plan::tile_tokens;
-  check("a chunk over 2^30 keys", good, bad_plan, fake, ws, false);
-  bad_plan = plan;
+  with_chunk("a chunk of 2^30 keys", true, 1 << 30);
+  with_chunk("a chunk over 2^30 keys", false, (1 << 30) + tile);
+  with_plan("no splits", false, [](kvkit::decode_plan& pl) { pl.max_splits = 0; });
+  auto bad_plan = plan;
   bad_plan.shape.head_dim = 96;
-  check("head dim 96", good, bad_plan, fake, ws, false);
+  with_plan("head dim 96", false, [](kvkit::decode_plan& pl) { pl.shape.head_dim = 96; });
   a = good;
   a.layout = layout_t(16, 2, 96); // the layout agrees: only the kernels' head dims refuse it
   check("head dim 96 in the plan and the layout", a, bad_plan, fake, ws, false);
-  bad_plan = plan;
-  bad_plan.shape.kv_bits = 8; // a plan for an 8-bit cache, the layout's is bf16
-  check("kv_bits of another cache", good, bad_plan, fake, ws, false);
-  bad_plan = plan;
-  bad_plan.shape.kv_scaled_one_width = true; // a plan for a cache scaled per token
-  check("kv_scaled_one_width of another cache", good, bad_plan, fake, ws, false);
-  bad_plan = plan;
-  bad_plan.shape.page_size = 32; // a plan for pages of 32 tokens, the layout's hold 16
-  check("page_size of another cache", good, bad_plan, fake, ws, false);
-  bad_plan = plan;
-  bad_plan.shape.page_size = 16; // the layout's (the plan above was built without one: 0)
-  check("page_size of this cache", good, bad_plan, fake, ws, true);
-  bad_plan = plan;
-  bad_plan.shape.page_size = -1;
-  check("negative page_size", good, bad_plan, fake, ws, false);
-  bad_plan = plan;
-  bad_plan.max_splits = kvkit::decode_plan::max_splits_limit + 1;
-  check("more splits than the merge holds", good, bad_plan, fake, ws, false);
-  bad_plan = plan;
-  bad_plan.shape.num_q_heads = 2 * 17;
-  check("group of 17", good, bad_plan, fake, ws, false);
+  with_plan("kv_bits of another cache", false, [](kvkit::decode_plan& pl) {
+    pl.shape.kv_bits = 8; // a plan for an 8-bit cache, the layout's is bf16
+  });
+  with_plan("kv_scaled_one_width of another cache", false, [](kvkit::decode_plan& pl) {
+    pl.shape.kv_scaled_one_width = true; // a plan for a cache scaled per token
+  });
+  const auto with_page_size = [&](const char* name, bool expect_ok, std::int32_t page_size) {
+    with_plan(name, expect_ok, [&](kvkit::decode_plan& pl) { pl.shape.page_size = page_size; });
+  };
+  with_page_size("page_size of another cache", false, 32); // the layout's pages hold 16
+  // The layout's (the plan above was built without one: 0).
+  with_page_size("page_size of this cache", true, 16);
+  with_page_size("negative page_size", false, -1);
+  with_plan("more splits than the merge holds", false, [](kvkit::decode_plan& pl) {
+    pl.max_splits = kvkit::decode_plan::max_splits_limit + 1;
+  });
+  with_plan("group of 17", false, [](kvkit::decode_plan& pl) { pl.shape.num_q_heads = 2 * 17; });
   // KV heads a block: 1, or decode_plan::head_split_heads where the KV heads are a multiple of
   // it and the splits at most head_split_max_splits. A cache without the head-split build (bf16
   // here) runs such a plan on blocks of one head, so it is accepted.
-  bad_plan = plan;
-  bad_plan.heads_per_block = 2;
-  check("two KV heads a block", good, bad_plan, fake, ws, false);
-  bad_plan.heads_per_block = kvkit::decode_plan::head_split_heads;
-  check("blocks of four KV heads over two", good, bad_plan, fake, ws, false);
+  with_plan("two KV heads a block", false, [](kvkit::decode_plan& pl) { pl.heads_per_block = 2; });
+  with_plan("blocks of four KV heads over two", false, [](kvkit::decode_plan& pl) {
+    pl.heads_per_block = kvkit::decode_plan::head_split_heads;
+  });
   {
     a = good;
     a.layout = layout_t(16, 4, 128);
