@@ -186,7 +186,9 @@ std::string overrides_in_effect() {
   if (head_dim() != 128) {
     add("KVKIT_DECODE_HEAD_DIM", std::to_string(head_dim()));
   }
-  if (groups() != std::vector<int>{4, 8}) {
+  std::vector<int> sorted = groups();
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted != std::vector<int>{4, 8}) { // the default rows, in whatever order they were named
     std::string list;
     for (const int g : groups()) {
       list += (list.empty() ? "" : ",") + std::to_string(g);
@@ -201,7 +203,9 @@ std::string overrides_in_effect() {
   }
   if (page_order_override() != 0) {
     add("KVKIT_DECODE_PAGE_ORDER",
-        page_order_override() < 0 ? "sequential" : std::to_string(page_order_override()));
+        page_order_override() < 0 // else the seed as the shuffle takes it
+            ? "sequential"
+            : std::to_string(static_cast<std::uint32_t>(page_order_override())));
   }
   if (heads_override() != 0) {
     add("KVKIT_DECODE_HEADS", std::to_string(heads_override()));

@@ -72,7 +72,9 @@ def time_graph(fn, calls):
 
 def main(path):
     warnings.filterwarnings("ignore")
-    rows = []
+    out = open(path, "w")  # a row a shape as it is measured, so a later failure keeps them
+    graphs = True  # until a capture fails: one that fails inside CUDA can leave torch's
+    # allocator in capture mode, so no later capture is tried
     for group in groups():
         for b in (1, 8, 32, 64, 128):
             for l in (512, 2048, 8192, 32768):
@@ -101,26 +103,36 @@ def main(path):
                             found = [(time_calls(call, calls), backend.name)]
                     except RuntimeError:
                         continue
+                    # The replay's calls a multiple of the copies, so that each replay starts
+                    # on the copy read longest ago, as the loop's calls go on rotating.
+                    whole = -(-calls // rot) * rot
                     try:
-                        with sdpa_kernel(backend):
-                            found.append((time_graph(call, calls), backend.name + "+graph"))
-                    except RuntimeError:
-                        pass  # a backend that cannot be captured keeps its loop's time
+                        if graphs:
+                            with sdpa_kernel(backend):
+                                found.append((time_graph(call, whole), backend.name + "+graph"))
+                    except RuntimeError as e:
+                        graphs = False  # this backend keeps its loop's time, the rest too
+                        torch.cuda.set_stream(torch.cuda.default_stream())
+                        print(f"no graph replays from B={b} L={l} {backend.name} on: {e}",
+                              flush=True)
                     for t, name in found:
                         if best is None or t < best[0]:
                             best = (t, name)
                         eager_graph.setdefault(name.removesuffix("+graph"), []).append(t)
                 if best is not None:
-                    rows.append(f"{b},{l},{group},{best[0]:.9f},{best[1]}")
+                    out.write(f"{b},{l},{group},{best[0]:.9f},{best[1]}\n")
+                    out.flush()
                     seen = "; ".join(f"{n} " + "/".join(f"{t * 1e6:.1f}" for t in ts)
                                      for n, ts in eager_graph.items())
                     print(f"sdpa B={b} L={l} group={group}: {best[0] * 1e6:.1f} us "
                           f"({(kv_bytes + 4 * b * KV_HEADS * group * DIM) / best[0] / 1e12:.2f} "
                           f"TB/s, {best[1]}; us loop/graph: {seen})", flush=True)
                 del q, k, v
-                torch.cuda.empty_cache()
-    with open(path, "w") as f:
-        f.write("\n".join(rows) + "\n")
+                try:
+                    torch.cuda.empty_cache()
+                except RuntimeError:
+                    pass  # the allocator of a failed capture: the copies stay cached
+    out.close()
 
 
 if __name__ == "__main__":

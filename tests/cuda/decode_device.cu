@@ -856,12 +856,12 @@ std::vector<std::string> decode_validation_failures() {
   with_chunk("a chunk of 2^30 keys", true, 1 << 30);
   with_chunk("a chunk over 2^30 keys", false, (1 << 30) + tile);
   with_plan("no splits", false, [](kvkit::decode_plan& pl) { pl.max_splits = 0; });
-  auto bad_plan = plan;
-  bad_plan.shape.head_dim = 96;
-  with_plan("head dim 96", false, [](kvkit::decode_plan& pl) { pl.shape.head_dim = 96; });
+  auto plan96 = plan;
+  plan96.shape.head_dim = 96;
+  check("head dim 96", good, plan96, fake, ws, false);
   a = good;
   a.layout = layout_t(16, 2, 96); // the layout agrees: only the kernels' head dims refuse it
-  check("head dim 96 in the plan and the layout", a, bad_plan, fake, ws, false);
+  check("head dim 96 in the plan and the layout", a, plan96, fake, ws, false);
   with_plan("kv_bits of another cache", false, [](kvkit::decode_plan& pl) {
     pl.shape.kv_bits = 8; // a plan for an 8-bit cache, the layout's is bf16
   });
