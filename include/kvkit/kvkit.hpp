@@ -13,6 +13,7 @@
 #include "kvkit/concepts/block_mapping.hpp"
 #include "kvkit/concepts/eviction_policy.hpp"   // IWYU pragma: export
 #include "kvkit/concepts/kv_codec.hpp"          // IWYU pragma: export
+#include "kvkit/concepts/page_layout.hpp"       // IWYU pragma: export
 #include "kvkit/concepts/prefix_index.hpp"      // IWYU pragma: export
 #include "kvkit/concepts/scheduling_policy.hpp" // IWYU pragma: export
 #include "kvkit/config.hpp"                     // IWYU pragma: export

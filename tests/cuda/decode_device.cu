@@ -930,6 +930,13 @@ std::vector<std::string> decode_validation_failures() {
   static_assert(kvkit::kv_codec<own_bf16>);
   codec_case(kvkit::paged_layout<own_bf16>(16, 2, 128), nullptr, false,
              "a codec of the caller's own");
+  // A page_layout of the caller's own, here with paged_layout's own geometry: the kernels are
+  // written for paged_layout.
+  struct own_layout : kvkit::paged_layout<kvkit::bf16_codec> {
+    using paged_layout::paged_layout;
+  };
+  static_assert(kvkit::page_layout<own_layout>);
+  codec_case(own_layout(16, 2, 128), nullptr, false, "a page layout of the caller's own");
   // Plans: bad shapes and lengths are errors.
   if (kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 0, 2}, 132).ok() ||
       kvkit::plan_decode({3, 8, 2, 128, 0}, std::vector<std::int32_t>{1, 2}, 132).ok() ||

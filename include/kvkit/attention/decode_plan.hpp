@@ -16,6 +16,7 @@
 #include <span>
 
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/concepts/page_layout.hpp"
 #include "kvkit/config.hpp"
 #include "kvkit/error.hpp"
 #include "kvkit/layout/page_layout.hpp"
@@ -70,32 +71,24 @@ struct decode_shape {
 };
 
 //! decode_shape::kv_bits of a cache of this layout: the narrower of its K and V codecs' bits.
-template <class Layout>
-requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec>
+template <page_layout Layout>
 inline constexpr std::int32_t decode_kv_bits =
     Layout::k_codec::bits < Layout::v_codec::bits ? Layout::k_codec::bits : Layout::v_codec::bits;
 
 //! decode_shape::kv_scaled_one_width of a cache of this layout: K and V of one width, at least one
 //! scaled per token.
-template <class Layout>
-requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec>
-inline constexpr bool decode_kv_scaled_one_width =
-    Layout::k_codec::bits == Layout::v_codec::bits &&
-    (Layout::k_codec::scaling == kv_scaling::per_token_head ||
-     Layout::k_codec::scaling == kv_scaling::per_token_group ||
-     Layout::v_codec::scaling == kv_scaling::per_token_head ||
-     Layout::v_codec::scaling == kv_scaling::per_token_group);
+template <page_layout Layout>
+inline constexpr bool
+    decode_kv_scaled_one_width = Layout::k_codec::bits == Layout::v_codec::bits &&
+                                 (Layout::k_codec::scaling == kv_scaling::per_token_head ||
+                                  Layout::k_codec::scaling == kv_scaling::per_token_group ||
+                                  Layout::v_codec::scaling == kv_scaling::per_token_head ||
+                                  Layout::v_codec::scaling == kv_scaling::per_token_group);
 
 //! The decode_shape of a batch of `batch_size` sequences with `num_q_heads` query heads over a
-//! cache of `layout` (its KV heads, head dim, kv_bits, kv_scaled_one_width, page size and, where
-//! the layout has one, element order), attending within `window` (0: no window).
-template <class Layout>
-requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec> &&
-    requires(const Layout& l) {
-  { l.num_kv_heads() } -> std::convertible_to<std::int32_t>;
-  { l.head_dim() } -> std::convertible_to<std::int32_t>;
-  { l.page_size() } -> std::convertible_to<std::int32_t>;
-}
+//! cache of `layout` (its KV heads, head dim, kv_bits, kv_scaled_one_width, page size and element
+//! order), attending within `window` (0: no window).
+template <page_layout Layout>
 [[nodiscard]] constexpr decode_shape decode_shape_for(const Layout& layout, std::int32_t batch_size,
                                                       std::int32_t num_q_heads,
                                                       std::int32_t window = 0) {
@@ -107,9 +100,7 @@ requires kv_codec<typename Layout::k_codec> && kv_codec<typename Layout::v_codec
                      decode_kv_bits<Layout>,
                      decode_kv_scaled_one_width<Layout>,
                      layout.page_size()};
-  if constexpr (requires { Layout::order; }) {
-    shape.order = Layout::order;
-  }
+  shape.order = Layout::order;
   return shape;
 }
 

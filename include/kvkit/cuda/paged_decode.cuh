@@ -33,6 +33,7 @@
 #include "kvkit/attention/options.hpp"
 #include "kvkit/block/page_table.hpp"
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/concepts/page_layout.hpp"
 #include "kvkit/cuda/detail/checks.cuh"
 #include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/cuda/detail/page_codecs.cuh"
@@ -47,7 +48,7 @@ template <class T>
 concept query_element = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
 //! One decode step of one layer. All pointers are device pointers.
-template <class Layout, query_element T>
+template <page_layout Layout, query_element T>
 struct decode_args {
   Layout layout;                    //!< page geometry and codecs
   const std::byte* cache = nullptr; //!< [capacity][layout.bytes_per_page()], 16-byte aligned
@@ -118,9 +119,10 @@ inline constexpr bool decode_codec = device_codec<C> &&
 } // namespace detail
 
 //! bad_argument unless the plan's shape is valid and matches the layout (kv heads, head dim,
-//! kv_bits, kv_scaled_one_width, and page_size unless 0: decode_shape_for gives them), the codecs
-//! are the library's per-token ones (a per-page-channel codec, or a kv_codec of the caller's own,
-//! is rejected), the page table's page size is the layout's, the batch fits the plan (equals it
+//! kv_bits, kv_scaled_one_width, and page_size unless 0: decode_shape_for gives them), the layout
+//! is a paged_layout whose codecs are the library's per-token ones (a per-page-channel codec, a
+//! kv_codec of the caller's own, or a page_layout model of the caller's own is rejected), the
+//! page table's page size is the layout's, the batch fits the plan (equals it
 //! unless the plan is graph-safe; the plan's batch and KV heads are at most 65535 each, the grid's
 //! z and y: decode_shape::validate), the pointers are set (the fp8 scales' pointer included: their
 //! values, on the device, are not checked; the cache, queries and outputs 16-byte aligned, the
@@ -136,13 +138,13 @@ inline constexpr bool decode_codec = device_codec<C> &&
 //! A sequence with no pages (or no tokens) is skipped and its outputs and log-sum-exps left as they
 //! were, so a graph-safe batch can be padded with empty sequences; the CPU reference rejects empty
 //! ones.
-template <class Layout, query_element T>
+template <page_layout Layout, query_element T>
 [[nodiscard]] status validate(const decode_args<Layout, T>& a, const decode_plan& plan,
                               const void* workspace, std::size_t workspace_bytes) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   const decode_shape& s = plan.shape;
-  if (!s.validate().ok() || !a.layout.validate().ok() ||
+  if (!detail::device_layout<Layout> || !s.validate().ok() || !a.layout.validate().ok() ||
       a.layout.num_kv_heads() != s.num_kv_heads || a.layout.head_dim() != s.head_dim ||
       s.kv_bits != decode_kv_bits<Layout> ||
       s.kv_scaled_one_width != decode_kv_scaled_one_width<Layout> ||
@@ -2874,7 +2876,7 @@ cudaError_t decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan,
 
 //! Decode attention for a layout whose head dim is `HeadDim` (64, 128 or 256): instantiates only
 //! that head dim's kernels. Same contract as paged_decode.
-template <int HeadDim, class Layout, query_element T>
+template <int HeadDim, page_layout Layout, query_element T>
 requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaError_t
     paged_decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                      std::size_t workspace_bytes, cudaStream_t stream) {
@@ -2898,11 +2900,12 @@ requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaEr
 //! `validate` fails; an error an earlier call left pending is returned (taken) before anything
 //! launches (detail::take_pending_error); an error of the launcher's own calls is returned and
 //! taken too.
-template <class Layout, query_element T>
+template <page_layout Layout, query_element T>
 [[nodiscard]] cudaError_t paged_decode(const decode_args<Layout, T>& a, const decode_plan& plan,
                                        void* workspace, std::size_t workspace_bytes,
                                        cudaStream_t stream) {
-  static_assert(detail::device_layout<Layout>, "paged_decode takes the library's codecs only");
+  static_assert(detail::device_layout<Layout>,
+                "paged_decode takes paged_layout of the library's codecs only");
   switch (plan.shape.head_dim) {
   case 64:
     return paged_decode_dim<64>(a, plan, workspace, workspace_bytes, stream);

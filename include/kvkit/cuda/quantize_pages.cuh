@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/concepts/page_layout.hpp"
 #include "kvkit/cuda/detail/checks.cuh"
 #include "kvkit/cuda/detail/elements.cuh"
 #include "kvkit/cuda/detail/page_codecs.cuh"
@@ -28,7 +29,7 @@ concept page_element =
 
 //! Arguments shared by quantize_pages and dequantize_pages. All pointers are device pointers;
 //! the cache, k and v 16-byte aligned.
-template <class Layout, page_element T>
+template <page_layout Layout, page_element T>
 struct page_batch {
   Layout layout;                          //!< page geometry and codecs
   std::byte* cache = nullptr;             //!< [capacity][layout.bytes_per_page()] one layer
@@ -65,11 +66,11 @@ inline constexpr unsigned columns_max_threads =
 // keeps them where they were: both measured the same as no cap (H100, 2026-12-05).
 inline constexpr int row_kernel_registers = 48;
 
-//! Whether the page kernels and write_kv take pages of layout `l`: the library's codecs
-//! (device_codec), a valid layout with head_dim a multiple of 8 (the kernels move 8 channels at a
-//! time), 64, 128 or 256 for a codec with one scale per token and head (int8: its quantizer reduces
-//! a head's row across 2, 4 or 8 lanes), and a page region of at most 2^31 bits (the kernels locate
-//! codes in 32-bit arithmetic).
+//! Whether the page kernels and write_kv take pages of layout `l`: a paged_layout of the
+//! library's codecs (device_layout), a valid layout with head_dim a multiple of 8 (the kernels move
+//! 8 channels at a time), 64, 128 or 256 for a codec with one scale per token and head (int8: its
+//! quantizer reduces a head's row across 2, 4 or 8 lanes), and a page region of at most 2^31 bits
+//! (the kernels locate codes in 32-bit arithmetic).
 template <class Layout>
 [[nodiscard]] bool page_kernels_fit(const Layout& l) {
   using K = typename Layout::k_codec;
@@ -96,7 +97,7 @@ template <class Layout>
 //! pointers that the codecs need are set, the cache, k and v 16-byte aligned (the kernels move 16
 //! bytes at a time; a misaligned access would fault on the device), the page ids, fp8 scales and
 //! debug flag aligned to their elements, and capacity > 0.
-template <class Layout, page_element T>
+template <page_layout Layout, page_element T>
 [[nodiscard]] status validate(const page_batch<Layout, T>& b) {
   const auto& l = b.layout;
   // The kernels take a page's tokens in blocks along the grid's y (at most 65535).
@@ -955,7 +956,8 @@ cudaError_t launch_regions(const page_batch<Layout, T>& b, cudaStream_t stream) 
 // The debug mode (a flag to set) runs kernels of their own, so the ordinary ones test nothing.
 template <bool Quantize, class Layout, class T>
 cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
-  static_assert(device_layout<Layout>, "the page kernels take the library's codecs only");
+  static_assert(device_layout<Layout>,
+                "the page kernels take paged_layout of the library's codecs only");
   if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
     return e;
   }
@@ -974,7 +976,7 @@ cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
 //! such as a device out of resources), its error comes back and K's pages are written. Page ids
 //! must be in 0 .. capacity-1 (a block_table's pages are); they are checked on the device only in
 //! the debug mode (page_batch::page_check).
-template <class Layout, page_element T>
+template <page_layout Layout, page_element T>
 [[nodiscard]] cudaError_t quantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
   if (!validate(b).ok()) {
     return cudaErrorInvalidValue;
@@ -987,7 +989,7 @@ template <class Layout, page_element T>
 
 //! Decodes cache pages `b.page_ids` into `b.k` and `b.v` (the inverse of quantize_pages; K's and
 //! V's in two launches, as there).
-template <class Layout, page_element T>
+template <page_layout Layout, page_element T>
 [[nodiscard]] cudaError_t dequantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
   if (!validate(b).ok()) {
     return cudaErrorInvalidValue;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvkit/concepts/page_layout.hpp"
 #include "kvkit/cuda/detail/checks.cuh"
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/error.hpp"
@@ -15,7 +16,7 @@ namespace kvkit::cuda {
 
 //! New tokens' K and V to write into a paged cache (one layer). All pointers are device pointers;
 //! the cache, k and v 16-byte aligned.
-template <class Layout, page_element T>
+template <page_layout Layout, page_element T>
 struct kv_write {
   Layout layout;              //!< page geometry and codecs (per-token codecs only)
   std::byte* cache = nullptr; //!< [capacity][layout.bytes_per_page()]
@@ -42,7 +43,7 @@ struct kv_write {
 //! slots, fp8 scales and debug flag aligned to their elements.
 //! Slots must lie inside the cache (block_table's slot mappings do); they are checked on the
 //! device only in the debug mode (kv_write::page_check).
-template <class Layout, page_element T>
+template <page_layout Layout, page_element T>
 [[nodiscard]] status validate(const kv_write<Layout, T>& w) {
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
@@ -65,9 +66,10 @@ template <class Layout, page_element T>
 //! (bit-exact with kvkit::reference::quantize_page of the same tokens), in one launch.
 //! Asynchronous on `stream`; cudaErrorInvalidValue when `validate` fails, and an error an earlier
 //! call left pending is returned (taken) before anything launches (detail::take_pending_error).
-template <class Layout, page_element T>
+template <page_layout Layout, page_element T>
 [[nodiscard]] cudaError_t write_kv(const kv_write<Layout, T>& w, cudaStream_t stream) {
-  static_assert(detail::device_layout<Layout>, "write_kv takes the library's codecs only");
+  static_assert(detail::device_layout<Layout>,
+                "write_kv takes paged_layout of the library's codecs only");
   if (!validate(w).ok()) {
     return cudaErrorInvalidValue;
   }

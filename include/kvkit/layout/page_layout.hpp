@@ -5,16 +5,12 @@
 #include <cstdint>
 
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/concepts/page_layout.hpp"
 #include "kvkit/config.hpp"
 #include "kvkit/error.hpp"
+#include "kvkit/quant/codecs.hpp"
 
 namespace kvkit {
-
-//! Element order inside a page's K (and V) region.
-enum class kv_order : std::uint8_t {
-  nhd, //!< [token][kv head][channel] (FlashInfer's NHD, vLLM's flash layout)
-  hnd, //!< [kv head][token][channel] (FlashInfer's HND): a head's tokens are contiguous
-};
 
 //! Geometry of one page of one layer: K data, V data, then K and V parameters (scales, zero
 //! points), each region starting on a 16-byte boundary so kernels can use 16-byte vector loads.
@@ -226,5 +222,9 @@ private:
   std::int32_t num_kv_heads_ = 0;
   std::int32_t head_dim_ = 0;
 };
+
+static_assert(page_layout<paged_layout<bf16_codec>>);
+static_assert(page_layout<paged_layout<fp8_e4m3_codec, fp8_e4m3_codec, kv_order::hnd>>);
+static_assert(page_layout<paged_layout<int4_channel_codec, int4_group_codec<32>>>);
 
 } // namespace kvkit

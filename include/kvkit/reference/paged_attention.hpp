@@ -14,6 +14,7 @@
 #include "kvkit/attention/options.hpp"
 #include "kvkit/block/page_table.hpp"
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/concepts/page_layout.hpp"
 #include "kvkit/error.hpp"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/reference/quantize.hpp"
@@ -60,7 +61,7 @@ inline bool table_arrays_ok(const csr_page_table& t) noexcept {
 //! are not positive normal floats, options the GPU kernels refuse: a negative or non-finite scale,
 //! a negative window, a soft cap that is not 0 or a positive normal float), invalid_block (a page
 //! id outside the cache).
-template <class Layout>
+template <page_layout Layout>
 [[nodiscard]] status
 paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_cache_pages,
                 const csr_page_table& table, std::span<const std::int32_t> qo_indptr,
@@ -198,7 +199,7 @@ paged_attention(const Layout& layout, const std::byte* cache, std::int32_t num_c
 
 //! Decode attention: one query per sequence (its newest token), q and out
 //! [batch][num_q_heads][head_dim]. A sequence with no tokens is an error (bad_argument).
-template <class Layout>
+template <page_layout Layout>
 [[nodiscard]] status paged_decode(const Layout& layout, const std::byte* cache,
                                   std::int32_t num_cache_pages, const csr_page_table& table,
                                   const float* q, std::int32_t num_q_heads, float* out,

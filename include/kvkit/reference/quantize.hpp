@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvkit/concepts/kv_codec.hpp"
+#include "kvkit/concepts/page_layout.hpp"
 #include "kvkit/error.hpp"
 #include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
@@ -71,7 +72,7 @@ bool scales_ok(const float* scales, std::int32_t heads) {
 }
 
 // Quantizes one region (K or V): src is [num_tokens][heads][head_dim].
-template <kv_codec C, class Layout>
+template <kv_codec C, page_layout Layout>
 void quantize_region(const Layout& l, const float* src, std::int32_t num_tokens, std::byte* data,
                      std::byte* params, const float* scales) {
   const std::int32_t heads = l.num_kv_heads();
@@ -118,7 +119,7 @@ void quantize_region(const Layout& l, const float* src, std::int32_t num_tokens,
   }
 }
 
-template <kv_codec C, class Layout>
+template <kv_codec C, page_layout Layout>
 void dequantize_region(const Layout& l, const std::byte* data, const std::byte* params,
                        std::int32_t num_tokens, float* dst, const float* scales) {
   for (std::int32_t t = 0; t < num_tokens; ++t) {
@@ -135,7 +136,7 @@ void dequantize_region(const Layout& l, const std::byte* data, const std::byte* 
   }
 }
 
-template <class Layout>
+template <page_layout Layout>
 bool page_args_ok(const Layout& layout, std::int32_t num_tokens, const void* k, const void* v,
                   const void* page, const float* scales) {
   const std::int32_t heads = layout.num_kv_heads();
@@ -153,7 +154,7 @@ bool page_args_ok(const Layout& layout, std::int32_t num_tokens, const void* k, 
 //! otherwise. Per-channel codecs fit their parameters over the `num_tokens` tokens given.
 //! Errors: bad_argument (invalid layout, num_tokens outside 0..page_size, null pointers, missing
 //! static scales or ones that are not positive normal floats).
-template <class Layout>
+template <page_layout Layout>
 [[nodiscard]] status quantize_page(const Layout& layout, const float* k, const float* v,
                                    std::int32_t num_tokens, std::byte* page,
                                    const float* static_scales = nullptr) {
@@ -172,7 +173,7 @@ template <class Layout>
 
 //! Decodes `num_tokens` tokens of a page back to floats, [num_tokens][num_kv_heads][head_dim] each
 //! for K and V. Errors as for `quantize_page`.
-template <class Layout>
+template <page_layout Layout>
 [[nodiscard]] status dequantize_page(const Layout& layout, const std::byte* page,
                                      std::int32_t num_tokens, float* k, float* v,
                                      const float* static_scales = nullptr) {

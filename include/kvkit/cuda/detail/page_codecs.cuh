@@ -18,6 +18,7 @@
 
 #include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/cuda/detail/elements.cuh"
+#include "kvkit/layout/page_layout.hpp"
 #include "kvkit/quant/codecs.hpp"
 #include "kvkit/quant/kv_format.hpp"
 
@@ -35,10 +36,17 @@ inline constexpr bool device_codec = [] {
   return known;
 }();
 
-//! Whether both codecs of `Layout` are the library's: the launchers static_assert it, and their
-//! validate() returns bad_argument where it does not hold.
+//! Whether `Layout` is kvkit's paged_layout, the geometry the launchers' device paths are
+//! written for (another model of page_layout serves the host reference and the plans).
 template <class Layout>
-inline constexpr bool device_layout =
+inline constexpr bool is_paged_layout = false;
+template <kv_codec K, kv_codec V, kv_order Order>
+inline constexpr bool is_paged_layout<paged_layout<K, V, Order>> = true;
+
+//! Whether `Layout` is a paged_layout of two of the library's codecs: the launchers
+//! static_assert it, and their validate() returns bad_argument where it does not hold.
+template <class Layout>
+inline constexpr bool device_layout = is_paged_layout<Layout>&&
     std::conjunction_v<std::bool_constant<device_codec<typename Layout::k_codec>>,
                        std::bool_constant<device_codec<typename Layout::v_codec>>>;
 
