@@ -1,6 +1,7 @@
 // page_layout: kvkit's layouts and the archetype model it; types that break one rule do not; the
 // host reference and the decode plans are generic over it.
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -30,6 +31,9 @@ struct float_k_codec : archetype {
 };
 struct order_as_int : archetype {
   static constexpr int order = 1;
+};
+struct static_scales_without_codec : archetype {
+  static constexpr bool has_static_scales = true; // the archetype codec stores its parameters
 };
 struct wide_page_size : archetype {
   [[nodiscard]] std::int64_t page_size() const { return archetype::page_size(); }
@@ -62,6 +66,7 @@ TEST_CASE("page_layout models and one-defect types", "[concepts][layout]") {
   STATIC_REQUIRE(page_layout<paged_layout<kvkit::testing::kv_codec_archetype>>);
   STATIC_REQUIRE_FALSE(page_layout<float_k_codec>);
   STATIC_REQUIRE_FALSE(page_layout<order_as_int>);
+  STATIC_REQUIRE_FALSE(page_layout<static_scales_without_codec>);
   STATIC_REQUIRE_FALSE(page_layout<wide_page_size>);
   STATIC_REQUIRE_FALSE(page_layout<without_validate>);
   STATIC_REQUIRE_FALSE(page_layout<rows_as_pair>);
@@ -72,22 +77,40 @@ TEST_CASE("page_layout models and one-defect types", "[concepts][layout]") {
 
 TEST_CASE("the reference and the plans work for any page layout", "[concepts][layout]") {
   // The archetype's geometry is paged_layout's for the archetype codec in NHD pages: the same
-  // offsets, the same page bytes, the same attention.
+  // offsets and rows for every head, the same page bytes, the same attention.
+  const archetype wide(3, 2, 4);
+  const paged_layout<kvkit::testing::kv_codec_archetype> wide_peer(3, 2, 4);
+  REQUIRE(wide.validate().ok());
+  CHECK_FALSE(archetype(0, 1, 4).validate().ok());
+  CHECK_FALSE(archetype(INT32_MAX, INT32_MAX, 2).validate().ok());
+  CHECK_FALSE(archetype(1, 1, INT32_MAX).validate().ok());
+  CHECK(wide.bytes_per_page() == wide_peer.bytes_per_page());
+  CHECK(wide.v_data_offset() == wide_peer.v_data_offset());
+  CHECK(wide.k_param_offset() == wide_peer.k_param_offset());
+  CHECK(wide.v_param_offset() == wide_peer.v_param_offset());
+  using codec = kvkit::testing::kv_codec_archetype;
+  for (std::int32_t h = 0; h < 2; ++h) {
+    INFO("head " << h);
+    const auto same = [](auto a, auto b) {
+      return a.first == b.first && a.step == b.step;
+    };
+    CHECK(same(wide.k_rows(h), wide_peer.k_rows(h)));
+    CHECK(same(wide.v_rows(h), wide_peer.v_rows(h)));
+    CHECK(same(wide.k_param_rows(h), wide_peer.k_param_rows(h)));
+    CHECK(same(wide.v_param_rows(h), wide_peer.v_param_rows(h)));
+    for (std::int32_t t = 0; t < 3; ++t) {
+      for (std::int32_t c = 0; c < 4; ++c) {
+        CHECK(wide.element_index(t, h, c) == wide_peer.element_index(t, h, c));
+        CHECK(wide.param_index<codec>(t, h, c) == wide_peer.param_index<codec>(t, h, c));
+      }
+    }
+  }
+  CHECK(wide.token_stride() == wide_peer.token_stride());
+  CHECK(wide.param_token_stride<codec>() == wide_peer.param_token_stride<codec>());
+
   const archetype layout(2, 1, 4);
   const paged_layout<kvkit::testing::kv_codec_archetype> peer(2, 1, 4);
   REQUIRE(layout.validate().ok());
-  CHECK_FALSE(archetype(0, 1, 4).validate().ok());
-  CHECK(layout.bytes_per_page() == peer.bytes_per_page());
-  CHECK(layout.v_data_offset() == peer.v_data_offset());
-  CHECK(layout.k_param_offset() == peer.k_param_offset());
-  CHECK(layout.v_param_offset() == peer.v_param_offset());
-  for (std::int32_t h = 0; h < 1; ++h) {
-    CHECK(layout.k_rows(h).first == peer.k_rows(h).first);
-    CHECK(layout.v_rows(h).step == peer.v_rows(h).step);
-    CHECK(layout.k_param_rows(h).first == peer.k_param_rows(h).first);
-    CHECK(layout.v_param_rows(h).step == peer.v_param_rows(h).step);
-  }
-
   // Two pages of two tokens: integer values, which the archetype codec keeps exactly.
   const auto bytes = static_cast<std::size_t>(layout.bytes_per_page());
   std::vector<std::byte> cache(2 * bytes), peer_cache(2 * bytes);

@@ -3,6 +3,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <type_traits>
 
 #include "kvkit/concepts/kv_codec.hpp"
 #include "kvkit/error.hpp"
@@ -20,11 +21,12 @@ enum class kv_order : std::uint8_t {
 //!
 //! Required, for `const L& l`, `std::int32_t t, h, c` (a token of the page, a KV head, a
 //! channel) and `C` either of `L::k_codec` and `L::v_codec`:
-//!  - `L` is semiregular: copied into kernel arguments by value, and default-constructed in
-//!    argument structs before it is set (a default layout need not validate).
+//!  - `L` is semiregular and trivially copyable: kernels take it by value in their arguments,
+//!    which are default-constructed before it is set (a default layout need not validate).
 //!  - `L::k_codec`, `L::v_codec`: the `kv_codec`s of K and of V; `L::order` (`kv_order`): the
-//!    order of the data regions' elements; `L::has_static_scales` (`bool`): K or V takes
-//!    calibrated scales passed to kernels rather than stored in pages.
+//!    order of the data regions' elements; `L::has_static_scales` (`bool`): true exactly where K's
+//!    or V's codec has `kv_scaling::static_per_head` (calibrated scales passed to kernels rather
+//!    than stored in pages).
 //!  - `l.validate()` -> `status`: `bad_argument` for a geometry the other expressions do not
 //!    describe (non-positive dimensions, sizes past the model's limits).
 //!  - `l.page_size()`, `l.num_kv_heads()`, `l.head_dim()` -> `std::int32_t`; `l.elements()` ->
@@ -44,21 +46,26 @@ enum class kv_order : std::uint8_t {
 //!    `typename L::head_rows`, whose `first` and `step` (`std::int64_t`) place head h's row of
 //!    token t, in bytes from the page's start, at `first + t * step`.
 //!
-//! Semantics the compiler cannot check: for a layout that validates, every region starts on a
-//! 16-byte boundary and `bytes_per_page()` is a multiple of 16 (kernels move 16 bytes at a
-//! time); the four regions do not overlap and lie inside the page; the rows agree with the
-//! indices (`k_rows(h).first == k_data_offset() + element_index(0, h, 0) * bits / 8`, and so
-//! on). Everything is a pure function of the geometry, callable on host and device
-//! (KVKIT_HOST_DEVICE, as `paged_layout`'s are). kvkit's model is `paged_layout`. The host
-//! reference and the decode plans take any model; the CUDA launchers, whose device paths are
-//! written for `paged_layout`'s geometry, do not compile for another (and their `validate`
-//! refuses it).
+//! Semantics the compiler cannot check, for a layout that validates: every region starts on a
+//! 16-byte boundary and `bytes_per_page()` is a multiple of 16 (kernels move 16 bytes at a time);
+//! the four regions do not overlap and lie inside the page; `element_index` is distinct over the
+//! page's (t, h, c) and its codes lie inside each data region, and each parameter set inside its
+//! region; the rows agree with the indices: `k_rows(h)` is `{k_data_offset() + element_index(0,
+//! h, 0) * bits / 8, token_stride() * bits / 8}` with K's codec's bits (V's likewise), and
+//! `k_param_rows(h)` is `{k_param_offset() + param_index<K>(0, h, 0) * param_bytes,
+//! param_token_stride<K>() * param_bytes}` (V's likewise). Everything is a pure function of the
+//! geometry; all but `validate()` callable on host and device (KVKIT_HOST_DEVICE, as
+//! `paged_layout`'s are). kvkit's model is `paged_layout`. The host reference and the decode
+//! plans take any model; the CUDA launchers, whose device paths are written for `paged_layout`'s
+//! geometry, do not compile for another (and their `validate` refuses it).
 template <class L>
-concept page_layout = std::semiregular<L> && kv_codec<typename L::k_codec> &&
-    kv_codec<typename L::v_codec> &&
+concept page_layout = std::semiregular<L> && std::is_trivially_copyable_v<L> &&
+    kv_codec<typename L::k_codec> && kv_codec<typename L::v_codec> &&
     requires(const L& l, std::int32_t t, std::int32_t h, std::int32_t c) {
   { L::order } -> std::convertible_to<kv_order>;
   { L::has_static_scales } -> std::convertible_to<bool>;
+  requires L::has_static_scales == (L::k_codec::scaling == kv_scaling::static_per_head ||
+                                    L::v_codec::scaling == kv_scaling::static_per_head);
   { l.validate() } -> std::same_as<status>;
   { l.page_size() } -> std::same_as<std::int32_t>;
   { l.num_kv_heads() } -> std::same_as<std::int32_t>;

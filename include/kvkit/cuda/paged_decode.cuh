@@ -2880,6 +2880,8 @@ template <int HeadDim, page_layout Layout, query_element T>
 requires(HeadDim == 64 || HeadDim == 128 || HeadDim == 256) [[nodiscard]] cudaError_t
     paged_decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                      std::size_t workspace_bytes, cudaStream_t stream) {
+  static_assert(detail::device_layout<Layout>,
+                "paged_decode_dim takes paged_layout of the library's codecs only");
   return detail::decode_dim<HeadDim>(a, plan, workspace, workspace_bytes, stream, -1);
 }
 

@@ -76,7 +76,7 @@ template <class Layout>
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   const auto head_dim_fits = [&](auto codec) {
-    using C = decltype(codec);
+    using C = typename decltype(codec)::type;
     if constexpr (C::scaling == kv_scaling::per_token_head) {
       return l.head_dim() == 64 || l.head_dim() == 128 || l.head_dim() == 256;
     }
@@ -84,7 +84,7 @@ template <class Layout>
   };
   constexpr std::int64_t widest = K::bits > V::bits ? K::bits : V::bits;
   return device_layout<Layout> && l.validate().ok() && l.head_dim() % 8 == 0 &&
-         head_dim_fits(K{}) && head_dim_fits(V{}) &&
+         head_dim_fits(std::type_identity<K>{}) && head_dim_fits(std::type_identity<V>{}) &&
          l.elements() * widest <= (std::int64_t{1} << 31);
 }
 

@@ -31,10 +31,13 @@ public:
                                   std::int32_t head_dim)
       : page_size_(page_size), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {}
 
-  //! bad_argument unless every dimension is positive and a page stays under 1 MiB.
+  //! bad_argument unless every dimension is positive and a page's K and V with their
+  //! parameters take at most about 1 MiB (bounded a factor at a time: no product overflows).
   [[nodiscard]] constexpr status validate() const {
-    if (page_size_ <= 0 || num_kv_heads_ <= 0 || head_dim_ <= 0 ||
-        static_cast<std::int64_t>(page_size_) * num_kv_heads_ * (head_dim_ + 1) > (1 << 19)) {
+    constexpr std::int64_t most = std::int64_t{1} << 19; // (head_dim + 1) bytes a token and head
+    const std::int64_t tokens_heads = static_cast<std::int64_t>(page_size_) * num_kv_heads_;
+    if (page_size_ <= 0 || num_kv_heads_ <= 0 || head_dim_ <= 0 || tokens_heads > most ||
+        tokens_heads * (static_cast<std::int64_t>(head_dim_) + 1) > most) {
       return errc::bad_argument;
     }
     return {};

@@ -46,8 +46,9 @@ inline constexpr bool is_paged_layout<paged_layout<K, V, Order>> = true;
 //! Whether `Layout` is a paged_layout of two of the library's codecs: the launchers
 //! static_assert it, and their validate() returns bad_argument where it does not hold.
 template <class Layout>
-inline constexpr bool device_layout = is_paged_layout<Layout>&&
-    std::conjunction_v<std::bool_constant<device_codec<typename Layout::k_codec>>,
+inline constexpr bool device_layout =
+    std::conjunction_v<std::bool_constant<is_paged_layout<Layout>>,
+                       std::bool_constant<device_codec<typename Layout::k_codec>>,
                        std::bool_constant<device_codec<typename Layout::v_codec>>>;
 
 //! fmaxf and fminf that return NaN when either input is NaN (one instruction each).
