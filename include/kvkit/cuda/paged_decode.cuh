@@ -111,10 +111,10 @@ struct decode_args {
 
 namespace detail {
 
-// The library's per-token codecs (device_codec): the decode kernels read no per-channel ones.
+// Whether the decode kernels read codec C's pages: no per-page-channel codec (that C is one of
+// the library's, validate checks through device_layout).
 template <class C>
-inline constexpr bool decode_codec = device_codec<C> &&
-                                     (C::scaling != kv_scaling::per_page_channel);
+inline constexpr bool decode_codec = C::scaling != kv_scaling::per_page_channel;
 
 } // namespace detail
 
