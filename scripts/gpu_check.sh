@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# kvkit's GPU run of record, in one call: the GPU tests, the two GPU examples (serving_sim a second
-# time on a short trace with every kernel in its debug mode), PyTorch's SDPA as the decode
-# benchmark's peer where torch is installed, every GPU benchmark, the decode targets checked
-# against that run, and last the GPU tests under compute-sanitizer memcheck and racecheck. Logs
-# and data go to LOG_DIR (its files of an earlier run are replaced).
+# kvkit's GPU run of record, in one call: the GPU tests (and the [first_launch] cases once more,
+# each in a process of its own), the two GPU examples (serving_sim a second time on a short trace
+# with every kernel in its debug mode), PyTorch's SDPA as the decode benchmark's peer where torch
+# is installed, every GPU benchmark, the decode targets checked against that run, and last the GPU
+# tests under compute-sanitizer memcheck and racecheck. Logs and data go to LOG_DIR (its files of
+# an earlier run are replaced).
 #   scripts/gpu_check.sh [BUILD_DIR] [LOG_DIR]     (defaults: build/release, gpu-logs)
 # Run it from the repository root. BUILD_DIR holds tests/kvkit_cuda_tests,
 # bench/kvkit_bench_cuda, examples/ with decode_step and serving_sim, and lib/
@@ -21,9 +22,9 @@
 # sanitizers take about 200 s, memcheck about 40 and racecheck about 320 over the default cases, so
 # a call of at most 600 s has room for memcheck after the rest (KVKIT_SANITIZE_TOOLS=memcheck;
 # a staged PTX build's tests took 155 s on an H100 on 2026-12-05 and 156 s with the 47 cases of
-# 2026-12-07, compilation included: give them a call of their own), and racecheck goes
-# in a call of its own. The exit status is 0 only if the tests, the three example runs (and the
-# PTX build's, where staged) and the sanitizers named ran and passed.
+# 2026-12-07, compilation included: give them a call of their own), and racecheck goes in a call
+# of its own. The exit status is 0 only if the tests (the [first_launch] runs too), the three
+# example runs (and the PTX build's, where staged) and the sanitizers named ran and passed.
 set -uo pipefail
 build=${1:-build/release}
 logs=${2:-gpu-logs}
@@ -42,6 +43,13 @@ export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 "$build/tests/kvkit_cuda_tests" --durations yes 2>&1 | tee "$logs/cuda_tests.txt"
 rc=${PIPESTATUS[0]}
 tests_rc=$rc
+# The [first_launch] cases once more, each in a process of its own (a kernel's first launch then
+# inside a stream capture).
+here=$(cd "$(dirname "$0")" && pwd)
+"$here/../tests/cuda/each_case_alone.sh" "$build/tests/kvkit_cuda_tests" "[first_launch]" 2>&1 |
+  tee "$logs/first_launch.txt"
+first_rc=${PIPESTATUS[0]}
+[[ $first_rc -eq 0 ]] || rc=1
 
 # The examples of build folder $1, each run under `timeout $2` (0: no bound) and logged with the
 # prefix $3; serving_sim once more on a shorter trace with every kernel in its debug mode.
@@ -67,7 +75,6 @@ run_examples() {
 run_examples "$build" 0 ""
 
 # The decode rows beside their SDPA peer, measured in this call, then every other GPU benchmark.
-here=$(cd "$(dirname "$0")" && pwd)
 if python3 -c "import torch" 2>/dev/null &&
   python3 "$here/../bench/cuda/sdpa_peer.py" "$logs/sdpa.csv" >"$logs/sdpa.txt" 2>&1; then
   export KVKIT_SDPA_CSV="$logs/sdpa.csv"
@@ -117,7 +124,8 @@ else
 fi
 # One summary of the verdicts, last in the output and in summary.txt.
 {
-  echo "gpu_check: GPU tests exit $tests_rc${ptx_tests_rc:+, the PTX build of them $ptx_tests_rc};" \
+  echo "gpu_check: GPU tests exit $tests_rc, the [first_launch] cases alone $first_rc${ptx_tests_rc:+,}" \
+    "${ptx_tests_rc:+the PTX build of the tests $ptx_tests_rc};" \
     "$(grep -c ': exit 0$' "$logs/examples.txt") of $([[ -n $ptx_tests_rc ]] && echo 6 || echo 3)" \
     "example runs passed; exit $rc"
   cat "$logs/examples.txt" "$logs/sanitizer.txt"

@@ -893,8 +893,12 @@ TEST_CASE("paged_decode: without the LSE output, the same outputs on every merge
   }
 }
 
+// The cases tagged [first_launch] also run each in a process of its own (ctest's
+// cuda.first_launch, scripts/gpu_check.sh), where their first launch of each kernel is the one
+// captured: the launcher's once-per-device set-up then runs inside the capture, and must still
+// choose the cluster merge where the device has clusters.
 TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths change",
-          "[cuda][decode]") {
+          "[cuda][decode][first_launch]") {
   const std::uint64_t seed = kvkit_test::test_seed(0x6A4);
   const paged_layout<kvkit::bf16_codec> layout(16, 2, 128);
   const std::int32_t q_heads = 8;
@@ -913,8 +917,13 @@ TEST_CASE("paged_decode: graph-safe plan captured once, replayed as lengths chan
   mode.page_table_ready = true; // the table is uploaded before the graph runs
   const auto got = kvkit_test::run_decode<128, bf16_nhd, __nv_bfloat16>(
       layout, pr.cache, pr.capacity, shape, steps, pr.scales, {}, mode);
-  INFO("seed " << seed << " error " << cudaGetErrorString(got.error));
+  INFO("seed " << seed << " splits " << got.max_splits << " cluster device " << got.cluster_device
+               << " error " << cudaGetErrorString(got.error));
   REQUIRE(got.error == cudaSuccess);
+  // Planned for 132 multiprocessors: 8 splits of 128 keys, which merge in clusters.
+  CHECK(got.max_splits > 1);
+  CHECK(got.max_splits <= kvkit::decode_plan::max_cluster_splits);
+  CHECK(merge_taken(got) == expected_merge(got.max_splits, got.cluster_device));
   check_steps(pr, steps, q_heads, got);
 }
 
@@ -1001,6 +1010,7 @@ void check_padded_graph(const Layout& layout, std::int32_t window, bool zeroed, 
                << got.max_splits << " error " << cudaGetErrorString(got.error));
   REQUIRE(got.error == cudaSuccess);
   CHECK((got.max_splits > kvkit::decode_plan::max_cluster_splits) == g.workspace);
+  CHECK(merge_taken(got) == expected_merge(got.max_splits, got.cluster_device));
   if (zeroed || g.workspace) {
     // The workspace's own counters are zeroed (and used) only where the splits merge through it.
     CHECK(got.counters_zero);
@@ -1018,7 +1028,8 @@ void check_padded_graph(const Layout& layout, std::int32_t window, bool zeroed, 
 
 } // namespace
 
-TEST_CASE("paged_decode: a graph-safe batch padded with empty sequences", "[cuda][decode]") {
+TEST_CASE("paged_decode: a graph-safe batch padded with empty sequences",
+          "[cuda][decode][first_launch]") {
   const std::uint64_t seed = kvkit_test::test_seed(0x9AD);
   check_padded_graph(bf16_nhd(16, 2, 128), 0, false, seed);
   check_padded_graph(bf16_nhd(16, 2, 128), 2500, true, seed + 1);
@@ -1028,7 +1039,7 @@ TEST_CASE("paged_decode: a graph-safe batch padded with empty sequences", "[cuda
 
 TEST_CASE("paged_decode: a graph-safe int4 plan on blocks of four KV heads, replayed as lengths "
           "change",
-          "[cuda][decode]") {
+          "[cuda][decode][first_launch]") {
   // Four sequences of at most 16500 keys over 8 KV heads, planned for 8 SMs: whole sequences of
   // one head a block become 4 splits of 4160 keys on blocks of four heads, merging in clusters of
   // 4. Replayed for batches padded with empty sequences, one of a single key, and ones past the

@@ -2314,9 +2314,27 @@ __global__ void __launch_bounds__(
   }
 }
 
+// While it lives, the calling thread's stream capture mode is relaxed (the mode it replaced comes
+// back at its end). The launcher's once-per-device set-up (attributes, occupancy, the shared-memory
+// limit) runs under it: an engine that captures its CUDA graphs before any eager step makes its
+// first launch of a kernel inside a capture, in the global or thread-local mode, where the CUDA
+// runtime may refuse calls it deems unsafe; a refused query would leave that kernel on its slower
+// paths (no cluster merge) for the process.
+class relaxed_capture_mode {
+public:
+  relaxed_capture_mode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~relaxed_capture_mode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  relaxed_capture_mode(const relaxed_capture_mode&) = delete;
+  relaxed_capture_mode& operator=(const relaxed_capture_mode&) = delete;
+
+private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // What `query(device, value)` gives for `device`, asked once per device and query type (a host
 // call per launch would cost more than a small decode takes on the GPU; each lambda is a type of
-// its own); 0 for a device past the first 64. A failed query, or a result of 0, is asked again.
+// its own), in relaxed capture mode; 0 for a device past the first 64. A failed query, or a result
+// of 0, is asked again.
 template <class Query>
 cudaError_t decode_per_device(int device, std::int32_t& value, Query query) {
   static std::atomic<std::int32_t> known[64] = {};
@@ -2326,6 +2344,7 @@ cudaError_t decode_per_device(int device, std::int32_t& value, Query query) {
   }
   value = known[device].load(std::memory_order_acquire);
   if (value == 0) {
+    const relaxed_capture_mode relaxed;
     if (const cudaError_t e = query(device, value); e != cudaSuccess) {
       value = 0;
       return e;
@@ -2488,6 +2507,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
   // shared memory a block, the splits merge through the workspace).
   static std::atomic<std::uint64_t> mailboxes{0};
   if (bit == 0 || (raised.load(std::memory_order_acquire) & bit) == 0) {
+    const relaxed_capture_mode relaxed;
     // Where the caller gives the shared memory a block may opt in to (`smem_optin`, not negative:
     // the tests' stand-in for a smaller device, taken at the kernel's first launch on a device),
     // the mailboxes are tried only where they fit it, as such a device would decide. The
@@ -2631,6 +2651,7 @@ cudaError_t launch_decode(const decode_args<Layout, T>& a, const decode_plan& pl
     std::atomic<std::int32_t>& known = fit[device][plan.max_splits];
     std::int32_t max_clusters = known.load(std::memory_order_acquire) - 1;
     if (max_clusters < 0) {
+      const relaxed_capture_mode relaxed;
       config.attrs = attrs;
       config.numAttrs = 1;
       config.dynamicSmemBytes = cluster_smem;
