@@ -1,6 +1,9 @@
 // copy_blocks and swap_blocks beside cudaMemcpyAsync of the same bytes in the same run
 // (targets: >= 90% of a device memcpy, >= 90% of a pinned host<->device memcpy), and beside the
 // copy engines moving the same scattered pages in one cudaMemcpyBatchAsync (x_batch).
+// swap_blocks_copy_engines' rows (BM_swap_*_copy_engines) put the library's copy-engine swap beside
+// the same peers, on scattered pages and on one run of consecutive pages (which it moves as one
+// copy a layer).
 // Pages of 64 KiB (16 tokens x 8 KV heads x 128 channels, fp16 K and V): 32 layers.
 
 #include <algorithm>
@@ -20,8 +23,9 @@ constexpr std::int64_t page_bytes = 65536;
 constexpr std::int32_t layers = 32;
 
 // Copies `pairs` pages in every layer: device to device (copy), device to host (swap out) or host
-// to device (swap in).
-void run(benchmark::State& state, int kind) {
+// to device (swap in); by the kernel, or (`engines`) by swap_blocks_copy_engines, on scattered
+// pages or (`run_of_pages`) on pages i -> pairs + i.
+void run(benchmark::State& state, int kind, bool engines = false, bool run_of_pages = false) {
   if (!kvkit_bench::gpu_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -48,7 +52,11 @@ void run(benchmark::State& state, int kind) {
   cudaMemcpy(d_host, host.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice);
   std::vector<kvkit::block_copy> list;
   for (std::int32_t i = 0; i < pairs; ++i) {
-    list.push_back({(i * 7) % pairs, pairs + (i * 13) % pairs}); // scattered, disjoint halves
+    if (run_of_pages) {
+      list.push_back({i, pairs + i});
+    } else {
+      list.push_back({(i * 7) % pairs, pairs + (i * 13) % pairs}); // scattered, disjoint halves
+    }
   }
   cudaMalloc(&d_pairs, list.size() * sizeof(kvkit::block_copy));
   cudaMemcpy(d_pairs, list.data(), list.size() * sizeof(kvkit::block_copy), cudaMemcpyHostToDevice);
@@ -105,10 +113,28 @@ void run(benchmark::State& state, int kind) {
       },
       15, batch_stream);
   (void)cudaGetLastError(); // a failed batch call is the peer's, not the row's
+  if (engines) {
+    // The same swap described by host arrays, on a stream of its own (as the batch peer).
+    const kvkit::cuda::host_page_copies h{kind == 2 ? host.data() : dev.data(),
+                                          kind == 1 ? host.data() : dev.data(),
+                                          layers,
+                                          page_bytes,
+                                          list.data(),
+                                          pairs,
+                                          pages,
+                                          pages};
+    kvkit::cuda::copy_batch scratch;
+    kvkit_bench::time_launches(
+        state, [&] { return kvkit::cuda::swap_blocks_copy_engines(h, scratch, batch_stream); }, 1,
+        batch_stream);
+    state.counters["copies"] = static_cast<double>(scratch.copies());
+  } else {
+    kvkit_bench::time_launches(state, [&] {
+      return kind == 0 ? kvkit::cuda::copy_blocks(c, nullptr)
+                       : kvkit::cuda::swap_blocks(c, nullptr);
+    });
+  }
   cudaStreamDestroy(batch_stream);
-  kvkit_bench::time_launches(state, [&] {
-    return kind == 0 ? kvkit::cuda::copy_blocks(c, nullptr) : kvkit::cuda::swap_blocks(c, nullptr);
-  });
   // Device copies count bytes read and written, as the memcpy figure of docs/performance.md does;
   // swaps count bytes crossing the bus.
   const double bytes = kind == 0 ? 2 * moved : moved;
@@ -143,8 +169,25 @@ void BM_swap_out(benchmark::State& state) {
 void BM_swap_in(benchmark::State& state) {
   run(state, 2);
 }
+// swap_blocks_copy_engines: range(1) 0 for scattered pages, 1 for one run of consecutive pages.
+void BM_swap_out_copy_engines(benchmark::State& state) {
+  run(state, 1, true, state.range(1) == 1);
+}
+void BM_swap_in_copy_engines(benchmark::State& state) {
+  run(state, 2, true, state.range(1) == 1);
+}
 BENCHMARK(BM_copy_blocks)->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_swap_out)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_swap_in)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_swap_out_copy_engines)
+    ->Args({64, 0})
+    ->Args({64, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_swap_in_copy_engines)
+    ->Args({64, 0})
+    ->Args({64, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 } // namespace

@@ -113,6 +113,149 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
   return cudaSuccess;
 }
 
+cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
+                                  std::vector<std::vector<std::byte>>& host,
+                                  std::int64_t bytes_per_page,
+                                  const std::vector<kvkit::block_copy>& out,
+                                  const std::vector<kvkit::block_copy>& in, swap_stream how,
+                                  std::size_t (&runs)[2], std::size_t (&copies)[2]) {
+  const std::size_t layers = device.size();
+  device_buffers mem;
+  std::vector<std::byte*> d(layers), h(layers);
+  for (std::size_t l = 0; l < layers; ++l) {
+    KVKIT_CHECK(mem.alloc(d[l], device[l].size()));
+    KVKIT_CHECK(cudaMemcpy(d[l], device[l].data(), device[l].size(), cudaMemcpyHostToDevice));
+    KVKIT_CHECK(mem.alloc_pinned(h[l], host[l].size()));
+    std::memcpy(h[l], host[l].data(), host[l].size());
+  }
+  const auto n = static_cast<std::int32_t>(layers);
+  const auto device_pages =
+      static_cast<std::int32_t>(static_cast<std::int64_t>(device[0].size()) / bytes_per_page);
+  const auto host_pages =
+      static_cast<std::int32_t>(static_cast<std::int64_t>(host[0].size()) / bytes_per_page);
+  const kvkit::cuda::host_page_copies swap_out{
+      d.data(),     h.data(),  n, bytes_per_page, out.data(), static_cast<std::int32_t>(out.size()),
+      device_pages, host_pages};
+  const kvkit::cuda::host_page_copies swap_in{
+      h.data(),   d.data(),    n, bytes_per_page, in.data(), static_cast<std::int32_t>(in.size()),
+      host_pages, device_pages};
+  cudaStream_t stream = nullptr;
+  if (how != swap_stream::legacy) {
+    KVKIT_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  kvkit::cuda::copy_batch scratch;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  const auto swap = [&]() -> cudaError_t {
+    if (how == swap_stream::captured) {
+      KVKIT_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    }
+    // The first error, with the capture ended on every path (else the stream stays capturing).
+    cudaError_t e = kvkit::cuda::swap_blocks_copy_engines(swap_out, scratch, stream);
+    runs[0] = scratch.runs();
+    copies[0] = scratch.copies();
+    if (e == cudaSuccess) {
+      e = kvkit::cuda::swap_blocks_copy_engines(swap_in, scratch, stream);
+      runs[1] = scratch.runs();
+      copies[1] = scratch.copies();
+    }
+    if (how == swap_stream::captured) {
+      const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+      KVKIT_CHECK(e);
+      KVKIT_CHECK(end);
+      KVKIT_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      KVKIT_CHECK(cudaGraphLaunch(exec, stream));
+    }
+    KVKIT_CHECK(e);
+    return cudaStreamSynchronize(stream);
+  };
+  const cudaError_t e = swap();
+  if (exec != nullptr) {
+    cudaGraphExecDestroy(exec);
+  }
+  if (graph != nullptr) {
+    cudaGraphDestroy(graph);
+  }
+  if (stream != nullptr) {
+    cudaStreamDestroy(stream);
+  }
+  KVKIT_CHECK(e);
+  for (std::size_t l = 0; l < layers; ++l) {
+    KVKIT_CHECK(cudaMemcpy(device[l].data(), d[l], device[l].size(), cudaMemcpyDeviceToHost));
+    std::memcpy(host[l].data(), h[l], host[l].size());
+  }
+  return cudaSuccess;
+}
+
+std::vector<std::string> copy_engine_validation_failures() {
+  std::vector<std::string> failed;
+  kvkit::cuda::copy_batch scratch;
+  const auto check = [&](const char* name, const kvkit::cuda::host_page_copies& c,
+                         kvkit::errc want) {
+    const kvkit::status s = kvkit::cuda::validate(c);
+    if (s.error() != want ||
+        !launchers_agree(s.ok(), want == kvkit::errc::ok, c.num_pairs > 0, [&] {
+          return kvkit::cuda::swap_blocks_copy_engines(c, scratch, nullptr);
+        })) {
+      failed.emplace_back(name);
+    }
+  };
+  static std::byte* const layers[2] = {stand_in(), stand_in()};
+  static std::byte* const with_null[2] = {stand_in(), nullptr};
+  static const kvkit::block_copy pairs[3] = {{0, 1}, {2, 3}, {4, 5}};
+  const kvkit::cuda::host_page_copies good{layers, layers, 2, 40, pairs, 3, 5, 6};
+  using kvkit::errc;
+  check("good (any page size: no multiple of 16 needed)", good, errc::ok);
+  check("nothing set", kvkit::cuda::host_page_copies{}, errc::bad_argument);
+  auto c = good;
+  c.num_pairs = 0;
+  c.src_layers = nullptr;
+  c.dst_layers = nullptr;
+  c.pairs = nullptr;
+  check("no pairs, no pointers", c, errc::ok);
+  c.src_capacity = 0;
+  check("no pairs, no source capacity", c, errc::bad_argument);
+  c = good;
+  c.num_layers = 0;
+  check("no layers", c, errc::bad_argument);
+  c = good;
+  c.bytes_per_page = 0;
+  check("page size 0", c, errc::bad_argument);
+  c = good;
+  c.num_pairs = -1;
+  check("negative pair count", c, errc::bad_argument);
+  c = good;
+  c.dst_capacity = -3;
+  check("negative destination capacity", c, errc::bad_argument);
+  c = good;
+  c.src_layers = nullptr;
+  check("null source layers", c, errc::bad_argument);
+  c = good;
+  c.dst_layers = nullptr;
+  check("null destination layers", c, errc::bad_argument);
+  c = good;
+  c.pairs = nullptr;
+  check("null pairs", c, errc::bad_argument);
+  c = good;
+  c.dst_layers = with_null;
+  check("a null destination layer", c, errc::bad_argument);
+  c = good;
+  c.src_capacity = 4; // pair {4, 5}'s source is page 4
+  check("a source past the source cache", c, errc::invalid_block);
+  c = good;
+  c.dst_capacity = 5; // pair {4, 5}'s destination is page 5
+  check("a destination past the destination cache", c, errc::invalid_block);
+  static const kvkit::block_copy negative[2] = {{0, 1}, {-1, 2}};
+  c = good;
+  c.pairs = negative;
+  c.num_pairs = 2;
+  check("a negative source", c, errc::invalid_block);
+  static const kvkit::block_copy negative_dst[2] = {{0, 1}, {3, -2}};
+  c.pairs = negative_dst;
+  check("a negative destination", c, errc::invalid_block);
+  return failed;
+}
+
 std::vector<std::string> copy_validation_failures() {
   std::vector<std::string> failed;
   const auto check = [&](const char* name, const kvkit::cuda::page_copies& c, bool expect_ok) {

@@ -27,6 +27,25 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
                       const std::vector<kvkit::block_copy>& out,
                       const std::vector<kvkit::block_copy>& in);
 
+// How swap_blocks_copy_engines is called: on a stream of its own (one batch of copies), on the
+// legacy default stream, or captured into a CUDA graph that is then launched (one copy a run and
+// layer in both).
+enum class swap_stream { own, legacy, captured };
+
+// As run_swaps, through swap_blocks_copy_engines on `how`; `runs` receives the runs the swap-out
+// and the swap-in found (copy_batch::runs), `copies` the copies they queued.
+cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
+                                  std::vector<std::vector<std::byte>>& host,
+                                  std::int64_t bytes_per_page,
+                                  const std::vector<kvkit::block_copy>& out,
+                                  const std::vector<kvkit::block_copy>& in, swap_stream how,
+                                  std::size_t (&runs)[2], std::size_t (&copies)[2]);
+
+// The argument checks of swap_blocks_copy_engines (host_page_copies): the name of every case
+// where validate() or the launcher decided otherwise than expected, or validate() gave another
+// code. Makes no CUDA call.
+std::vector<std::string> copy_engine_validation_failures();
+
 // The argument checks of copy_blocks and swap_blocks: the name of every case where validate() or
 // a launcher decided otherwise than expected (zero layers, page sizes that are not multiples of
 // 16, missing pointers, the debug mode without its capacities; an empty batch is accepted). Makes

@@ -83,6 +83,89 @@ TEST_CASE("swap_blocks moves pages out to pinned host memory and back", "[cuda][
   CHECK(host == want_host);
 }
 
+TEST_CASE("swap_blocks_copy_engines moves the same pages, merging runs, on every kind of stream",
+          "[cuda][copy]") {
+  const std::uint64_t seed = kvkit_test::test_seed(58);
+  INFO("KVKIT_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  using kvkit_test::swap_stream;
+  for (const swap_stream how : {swap_stream::own, swap_stream::legacy, swap_stream::captured}) {
+    INFO("stream " << static_cast<int>(how));
+    for (const std::int64_t bytes : {std::int64_t{40}, std::int64_t{8192}}) {
+      INFO("bytes per page " << bytes);
+      constexpr std::int32_t device_pages = 24;
+      constexpr std::int32_t host_pages = 16;
+      auto device = random_layers(3, static_cast<std::size_t>(device_pages * bytes), rng);
+      auto host = random_layers(3, static_cast<std::size_t>(host_pages * bytes), rng);
+      // Out: a run of three (device 4-6 -> host 9-11) given out of order, a pair whose source
+      // follows on but whose destination does not (7 -> 0), and a lone page at each cache's end.
+      const std::vector<kvkit::block_copy> out{
+          {6, 11}, {device_pages - 1, host_pages - 1}, {4, 9}, {7, 0}, {5, 10}};
+      // In: host 11 (just written) and 12 -> device 20-21 (a run), and host 0 -> device 0.
+      const std::vector<kvkit::block_copy> in{{12, 21}, {0, 0}, {11, 20}};
+      auto want_device = device;
+      auto want_host = host;
+      for (std::size_t l = 0; l < 3; ++l) {
+        for (const auto& p : out) {
+          copy_page(want_device[l], p.src, want_host[l], p.dst, bytes);
+        }
+        for (const auto& p : in) {
+          copy_page(want_host[l], p.src, want_device[l], p.dst, bytes);
+        }
+      }
+      std::size_t runs[2] = {};
+      std::size_t copies[2] = {};
+      REQUIRE(kvkit_test::run_copy_engine_swaps(device, host, bytes, out, in, how, runs, copies) ==
+              cudaSuccess);
+      CHECK(device == want_device);
+      CHECK(host == want_host);
+      CHECK(runs[0] == 3); // {4-6 -> 9-11}, {7 -> 0}, {23 -> 15}
+      CHECK(copies[0] == 9);
+      CHECK(runs[1] == 2); // {0 -> 0}, {11-12 -> 20-21}
+      CHECK(copies[1] == 6);
+    }
+  }
+}
+
+TEST_CASE("swap_blocks_copy_engines matches the swap kernel on random swaps", "[cuda][copy]") {
+  const std::uint64_t seed = kvkit_test::test_seed(59);
+  INFO("KVKIT_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  constexpr std::int64_t bytes = 4096;
+  constexpr std::int32_t pages = 48;
+  for (int round = 0; round < 4; ++round) {
+    INFO("round " << round);
+    auto device = random_layers(2, static_cast<std::size_t>(pages * bytes), rng);
+    auto host = random_layers(2, static_cast<std::size_t>(pages * bytes), rng);
+    // Distinct destinations on each side; swap-in sources among the pages swapped out too.
+    std::vector<std::int32_t> ids(pages);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<kvkit::block_copy> out, in;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const auto n_out = static_cast<std::size_t>(rng() % 20 + 1);
+    for (std::size_t i = 0; i < n_out; ++i) {
+      out.push_back({static_cast<std::int32_t>(i * 2 + round), ids[i]}); // runs only by chance
+    }
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (std::size_t i = 0; i < 12; ++i) {
+      in.push_back({ids[i], static_cast<std::int32_t>(30 + i)}); // consecutive destinations
+    }
+    auto kernel_device = device;
+    auto kernel_host = host;
+    REQUIRE(kvkit_test::run_swaps(kernel_device, kernel_host, bytes, out, in) == cudaSuccess);
+    std::size_t runs[2] = {};
+    std::size_t copies[2] = {};
+    REQUIRE(kvkit_test::run_copy_engine_swaps(device, host, bytes, out, in,
+                                              kvkit_test::swap_stream::own, runs,
+                                              copies) == cudaSuccess);
+    CHECK(device == kernel_device);
+    CHECK(host == kernel_host);
+    CHECK(copies[0] == 2 * runs[0]);
+    CHECK(runs[0] <= out.size());
+    CHECK(runs[1] <= in.size());
+  }
+}
+
 TEST_CASE("copy_blocks leaves pairs outside the caches alone in its debug mode, and flags them",
           "[cuda][copy]") {
   const std::uint64_t seed = kvkit_test::test_seed(47);
@@ -135,6 +218,12 @@ TEST_CASE("write_kv, quantize_pages and copy_blocks return an error left pending
 
 TEST_CASE("page movement validates its arguments", "[cuda][copy][host]") {
   kvkit_test::check_no_failures(kvkit_test::copy_validation_failures(),
+                                "decided otherwise than expected: ");
+}
+
+TEST_CASE("swap_blocks_copy_engines validates its arguments and every page id",
+          "[cuda][copy][host]") {
+  kvkit_test::check_no_failures(kvkit_test::copy_engine_validation_failures(),
                                 "decided otherwise than expected: ");
 }
 

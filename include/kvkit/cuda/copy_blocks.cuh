@@ -1,12 +1,15 @@
 #pragma once
 //! Page movement on the GPU: copy-on-write copies inside each layer's cache (`copy_blocks`), and
-//! swaps between a device cache and pinned host memory (`swap_blocks`), each in one launch for
-//! every layer.
+//! swaps between a device cache and pinned host memory, each in one launch for every layer
+//! (`swap_blocks`, a kernel on the SMs) or in one batch of copies on the copy engines
+//! (`swap_blocks_copy_engines`, which leaves the SMs to the work a swap overlaps).
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kvkit/block/types.hpp"
 #include "kvkit/cuda/detail/checks.cuh"
@@ -125,6 +128,200 @@ inline cudaError_t launch_copies(const page_copies& c, cudaStream_t stream) {
 //! asynchronous on `stream`; the engine runs swap-outs before swap-ins (the scheduler's order).
 [[nodiscard]] inline cudaError_t swap_blocks(const page_copies& c, cudaStream_t stream) {
   return detail::launch_copies(c, stream);
+}
+
+//! Pages to swap through the copy engines (swap_blocks_copy_engines): the pages of page_copies,
+//! with every array in host memory, so that the launcher reads the pairs and checks each page id
+//! against its cache before anything moves.
+struct host_page_copies {
+  std::byte* const* src_layers = nullptr; //!< [num_layers] host array: caches read
+  std::byte* const* dst_layers = nullptr; //!< [num_layers] host array: caches written
+  std::int32_t num_layers = 0;
+  std::int64_t bytes_per_page = 0;   //!< positive
+  const block_copy* pairs = nullptr; //!< [num_pairs] host array: (src page, dst page)
+  std::int32_t num_pairs = 0;
+  std::int32_t src_capacity = 0; //!< pages in each source cache
+  std::int32_t dst_capacity = 0; //!< pages in each destination cache
+};
+
+//! bad_argument for a non-positive layer count, page size or capacity, a negative pair count, or,
+//! when there are pairs, a null array or a null layer pointer; invalid_block for a pair whose
+//! source lies outside [0, src_capacity) or whose destination lies outside [0, dst_capacity).
+//! Reads the host arrays; makes no CUDA call. As with page_copies, no page may be the destination
+//! of two pairs of one batch (the copies run in no set order).
+[[nodiscard]] inline status validate(const host_page_copies& c) {
+  if (c.num_layers <= 0 || c.bytes_per_page <= 0 || c.num_pairs < 0 || c.src_capacity <= 0 ||
+      c.dst_capacity <= 0) {
+    return errc::bad_argument;
+  }
+  if (c.num_pairs == 0) {
+    return {};
+  }
+  if (c.src_layers == nullptr || c.dst_layers == nullptr || c.pairs == nullptr) {
+    return errc::bad_argument;
+  }
+  for (std::int32_t l = 0; l < c.num_layers; ++l) {
+    if (c.src_layers[l] == nullptr || c.dst_layers[l] == nullptr) {
+      return errc::bad_argument;
+    }
+  }
+  for (std::int32_t i = 0; i < c.num_pairs; ++i) {
+    const block_copy p = c.pairs[i];
+    if (p.src < 0 || p.src >= c.src_capacity || p.dst < 0 || p.dst >= c.dst_capacity) {
+      return errc::invalid_block;
+    }
+  }
+  return {};
+}
+
+//! The host arrays of one batch of copies, which the caller keeps from step to step so that
+//! swap_blocks_copy_engines allocates nothing once they have grown to a step's size (reserve()
+//! sizes them up front). Not shared between threads calling at once.
+class copy_batch {
+public:
+  //! Room for `num_pairs` pairs of `num_layers` layers, so that no later call of that size or
+  //! less allocates.
+  void reserve(std::size_t num_pairs, std::size_t num_layers) {
+    runs_.reserve(num_pairs);
+    dsts_.reserve(num_pairs * num_layers);
+    srcs_.reserve(num_pairs * num_layers);
+    sizes_.reserve(num_pairs * num_layers);
+  }
+
+  //! Runs of pages the last call found (pairs whose sources and destinations both follow on from
+  //! the previous pair's, once sorted by source, move as one copy).
+  [[nodiscard]] std::size_t runs() const noexcept { return runs_.size(); }
+
+  //! Copies the last call queued: runs() in every layer.
+  [[nodiscard]] std::size_t copies() const noexcept { return sizes_.size(); }
+
+  //! Fills the arrays for `c` (valid): sorts the pairs by source, merges runs and lists each run's
+  //! copy in every layer.
+  void build(const host_page_copies& c) {
+    runs_.assign(c.pairs, c.pairs + c.num_pairs);
+    std::sort(runs_.begin(), runs_.end(),
+              [](const block_copy& a, const block_copy& b) { return a.src < b.src; });
+    lengths_.clear();
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < runs_.size(); ++i) {
+      if (kept > 0) {
+        const block_copy last = runs_[kept - 1];
+        const std::int32_t n = lengths_.back();
+        if (runs_[i].src == last.src + n && runs_[i].dst == last.dst + n) {
+          ++lengths_.back();
+          continue;
+        }
+      }
+      runs_[kept++] = runs_[i];
+      lengths_.push_back(1);
+    }
+    runs_.resize(kept);
+    dsts_.clear();
+    srcs_.clear();
+    sizes_.clear();
+    const auto page = static_cast<std::size_t>(c.bytes_per_page);
+    for (std::int32_t l = 0; l < c.num_layers; ++l) {
+      for (std::size_t r = 0; r < kept; ++r) {
+        srcs_.push_back(c.src_layers[l] + static_cast<std::size_t>(runs_[r].src) * page);
+        dsts_.push_back(c.dst_layers[l] + static_cast<std::size_t>(runs_[r].dst) * page);
+        sizes_.push_back(static_cast<std::size_t>(lengths_[r]) * page);
+      }
+    }
+  }
+
+  [[nodiscard]] void* const* dsts() const noexcept { return dsts_.data(); }
+  [[nodiscard]] const void* const* srcs() const noexcept { return srcs_.data(); }
+  [[nodiscard]] const std::size_t* sizes() const noexcept { return sizes_.data(); }
+
+private:
+  std::vector<block_copy> runs_;      // each run's first pair
+  std::vector<std::int32_t> lengths_; // each run's pages
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<std::size_t> sizes_;
+};
+
+namespace detail {
+
+//! Whether cudaMemcpyBatchAsync takes `stream`: not the legacy default stream (nor 0 where that
+//! names it), and not a stream being captured (a batch cannot be captured; the runtime refuses
+//! it without ending the capture, and the graph would then lack the copies).
+[[nodiscard]] inline cudaError_t batch_takes(cudaStream_t stream, bool& takes) {
+#if CUDART_VERSION >= 12080
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+  const bool legacy = stream == cudaStreamLegacy;
+#else
+  const bool legacy = stream == nullptr || stream == cudaStreamLegacy;
+#endif
+  takes = false;
+  if (legacy) {
+    return cudaSuccess;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(stream, &capture);
+  takes = e == cudaSuccess && capture == cudaStreamCaptureStatusNone;
+  return e;
+#else
+  (void)stream;
+  takes = false;
+  return cudaSuccess;
+#endif
+}
+
+} // namespace detail
+
+//! Swaps pages between device caches and pinned host memory through the GPU's copy engines rather
+//! than a kernel: the SMs stay free for the decode or prefill the swap overlaps. The same pages
+//! as swap_blocks, described by host arrays (host_page_copies), with every page id checked on the
+//! host first. Runs of consecutive pages (sources and destinations both consecutive) move as one
+//! copy. One cudaMemcpyBatchAsync of every layer's runs, ordered on `stream` (sources read in
+//! stream order) and flagged to prefer overlap with compute; on the legacy default stream or a
+//! stream being captured into a CUDA graph, which a batch does not take, one cudaMemcpyAsync a run
+//! and layer instead. The host arrays may be reused as soon as the call returns; `scratch` keeps
+//! the copy lists between calls. cudaErrorInvalidValue when `validate` fails (nothing queued), an
+//! error an earlier call left pending (taken, nothing queued), else the runtime's answer.
+[[nodiscard]] inline cudaError_t
+swap_blocks_copy_engines(const host_page_copies& c, copy_batch& scratch, cudaStream_t stream) {
+  if (!validate(c).ok()) {
+    return cudaErrorInvalidValue;
+  }
+  if (c.num_pairs == 0) {
+    return cudaSuccess;
+  }
+  if (const cudaError_t e = detail::take_pending_error(); e != cudaSuccess) {
+    return e;
+  }
+  bool batch = false;
+  if (const cudaError_t e = detail::batch_takes(stream, batch); e != cudaSuccess) {
+    return e;
+  }
+  scratch.build(c);
+  const std::size_t n = scratch.copies();
+#if CUDART_VERSION >= 12080
+  if (batch) {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    std::size_t first = 0;
+#if CUDART_VERSION >= 13000
+    return cudaMemcpyBatchAsync(scratch.dsts(), scratch.srcs(), scratch.sizes(), n, &attr, &first,
+                                1, stream);
+#else
+    std::size_t failed = 0;
+    return cudaMemcpyBatchAsync(
+        const_cast<void**>(scratch.dsts()), const_cast<void**>(scratch.srcs()),
+        const_cast<std::size_t*>(scratch.sizes()), n, &attr, &first, 1, &failed, stream);
+#endif
+  }
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    if (const cudaError_t e = cudaMemcpyAsync(scratch.dsts()[i], scratch.srcs()[i],
+                                              scratch.sizes()[i], cudaMemcpyDefault, stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
 }
 
 } // namespace kvkit::cuda
