@@ -6,7 +6,8 @@
 //    finished requests leave and new ones join, under a token budget (chunked prefill mixes long
 //    prompts with decodes) and a sequence limit; prompt blocks already cached (a shared system
 //    prompt, the earlier turns of a conversation) are reused instead of recomputed; when blocks
-//    run out the newest request is preempted and recomputed later (mostly from cache).
+//    run out the newest request is preempted and recomputed later (mostly from cache), or with
+//    --preempt swap copied out to a host tier and back in later.
 //  - baseline: static batching with max_len contiguous slots reserved per request: a batch runs
 //    until its longest request ends before the next one starts, and every prompt is computed.
 // Both get the same KV memory. The summary compares steps, tokens per step, batch size, prompt
@@ -14,7 +15,8 @@
 // memory that holds live tokens.
 //
 // The loop plays the engine: it runs the scheduler's plans and "samples" the trace's output
-// tokens; each step the model engine (sim_attention.hpp) executes the copy-on-write copies, writes
+// tokens; each step the model engine (sim_attention.hpp) executes the swaps and copy-on-write
+// copies, writes
 // every computed token's K/V into its slot and runs decode attention over the page table: on a
 // GPU with kvkit's kernels over a model-shaped layer, else with the CPU reference at a reduced
 // size. Decode outputs are checked against a dense recomputation from the tokens.
@@ -57,6 +59,8 @@ struct options {
   double system_prompt_share = 0.8; // new conversations that start with a shared system prompt
   bool prefix_cache = true;
   bool check_pages = false; // the GPU kernels in their debug mode (page ids checked on the device)
+  std::string preempt = "recompute"; // or swap: preempted requests go to a host tier
+  std::int32_t host_tokens = 0;      // the host tier, in tokens (swap; 0: half the KV memory)
   bool quiet = false;
   std::string engine = "auto"; // auto: the GPU when there is one; gpu; cpu
   std::string csv;             // per-step series of both runs, for plots
@@ -141,6 +145,8 @@ struct stats {
   std::int32_t max_running = 0;
   double hit_rate = 0;
   std::int64_t copies = 0;
+  std::int64_t swapped_out = 0; // pages
+  std::int64_t swapped_in = 0;
   bool drained = false;
   sim::engine_stats engine;
 };
@@ -171,8 +177,8 @@ Cache make_cache(kvkit::block_pool& pool, std::int32_t block_size) {
 #if !defined(KVKIT_SIM_GPU)
 } // namespace
 namespace sim {
-std::unique_ptr<engine> make_gpu_engine(std::int32_t, std::int32_t, model_shape, std::int32_t, bool,
-                                        std::string& why) {
+std::unique_ptr<engine> make_gpu_engine(std::int32_t, std::int32_t, std::int32_t, model_shape,
+                                        std::int32_t, bool, std::string& why) {
   why = "this build has no CUDA";
   return nullptr;
 }
@@ -182,11 +188,12 @@ namespace {
 
 // The model engine: GPU kernels on a Llama-3-8B-shaped layer when a GPU is there (unless --engine
 // cpu), else the CPU reference on 2 KV heads x 32 channels, two decode sequences a step.
-std::unique_ptr<sim::engine> make_engine(const options& o, std::int32_t capacity) {
+std::unique_ptr<sim::engine> make_engine(const options& o, std::int32_t capacity,
+                                         std::int32_t host_capacity) {
   std::string why = "--engine cpu";
   if (o.engine != "cpu") {
-    auto gpu = sim::make_gpu_engine(capacity, o.block_size, {8, 4, 128}, o.max_running,
-                                    o.check_pages, why);
+    auto gpu = sim::make_gpu_engine(capacity, host_capacity, o.block_size, {8, 4, 128},
+                                    o.max_running, o.check_pages, why);
     if (gpu != nullptr) {
       return gpu;
     }
@@ -198,7 +205,8 @@ std::unique_ptr<sim::engine> make_engine(const options& o, std::int32_t capacity
   if (!o.quiet) {
     std::printf("model engine: CPU reference (%s)\n", why.c_str());
   }
-  return std::make_unique<sim::cpu_engine>(capacity, o.block_size, sim::model_shape{2, 2, 32}, 2);
+  return std::make_unique<sim::cpu_engine>(capacity, host_capacity, o.block_size,
+                                           sim::model_shape{2, 2, 32}, 2);
 }
 
 template <class Cache>
@@ -211,7 +219,11 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
   const kvkit::scheduler_config cfg{.max_running = o.max_running,
                                     .max_batched_tokens = o.max_batched_tokens,
                                     .prefill_chunk = o.prefill_chunk,
-                                    .watermark_blocks = std::max(1, pool.capacity() / 100)};
+                                    .watermark_blocks = std::max(1, pool.capacity() / 100),
+                                    .preemption = o.preempt == "swap"
+                                                      ? kvkit::preemption_mode::swap
+                                                      : kvkit::preemption_mode::recompute,
+                                    .host_blocks = o.host_tokens / o.block_size};
   kvkit::scheduler<table_t, cache_t, kvkit::block_pool> sched(table, cache, pool, cfg);
   stats st;
   std::vector<std::int32_t> produced(trace.size(), 0);
@@ -221,7 +233,7 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
   std::vector<std::int32_t> indptr, indices, last;
   std::vector<std::array<token_id, 1>> sampled;
   std::vector<kvkit::sample_result> samples;
-  auto engine = make_engine(o, pool.capacity());
+  auto engine = make_engine(o, pool.capacity(), cfg.host_blocks);
   // What the engine needs per step: token history per request, slots, decode page table.
   std::vector<std::vector<token_id>> history(trace.size());
   std::vector<std::int64_t> slots;
@@ -297,8 +309,8 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
       std::fprintf(stderr, "slot mapping or page-table export failed\n");
       std::exit(1);
     }
-    engine->step({plan.copies, slots, tokens, positions, d_indptr, d_indices, d_last, q_tokens,
-                  q_positions, histories});
+    engine->step({plan.swap_out, plan.swap_in, plan.copies, slots, tokens, positions, d_indptr,
+                  d_indices, d_last, q_tokens, q_positions, histories});
     indptr.resize(batch.size() + 1);
     last.resize(batch.size());
     indices.resize(static_cast<std::size_t>(*table.csr_size(batch)));
@@ -334,6 +346,8 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
     st.running_sum += static_cast<double>(plan.batch.size());
     st.max_running = std::max(st.max_running, static_cast<std::int32_t>(plan.batch.size()));
     st.copies += static_cast<std::int64_t>(plan.copies.size());
+    st.swapped_out += static_cast<std::int64_t>(plan.swap_out.size());
+    st.swapped_in += static_cast<std::int64_t>(plan.swap_in.size());
     const auto done = sched.complete_step(samples);
     if (!done) {
       std::fprintf(stderr, "complete_step failed: %s\n",
@@ -458,14 +472,23 @@ bool parse(int argc, char** argv, options& o) {
       o.follow_up_share = std::atof(v);
     } else if (a == "--engine") {
       o.engine = v;
+    } else if (a == "--preempt") {
+      o.preempt = v;
+    } else if (a == "--host-tokens") {
+      o.host_tokens = std::atoi(v);
     } else {
       return false;
     }
   }
-  return (o.engine == "auto" || o.engine == "gpu" || o.engine == "cpu") && o.requests > 0 &&
-         o.block_size > 0 && o.max_len >= 64 && o.kv_tokens >= 2 * o.max_len && o.max_running > 0 &&
-         o.max_batched_tokens > 0 && o.prefill_chunk > 0 && o.arrivals_per_step > 0 &&
-         o.follow_up_share >= 0 && o.follow_up_share <= 1;
+  if (o.preempt == "swap" && o.host_tokens == 0) {
+    o.host_tokens = o.kv_tokens / 2;
+  }
+  return (o.engine == "auto" || o.engine == "gpu" || o.engine == "cpu") &&
+         (o.preempt == "recompute" || o.preempt == "swap") &&
+         (o.preempt == "recompute" || o.host_tokens >= o.block_size) && o.host_tokens >= 0 &&
+         o.requests > 0 && o.block_size > 0 && o.max_len >= 64 && o.kv_tokens >= 2 * o.max_len &&
+         o.max_running > 0 && o.max_batched_tokens > 0 && o.prefill_chunk > 0 &&
+         o.arrivals_per_step > 0 && o.follow_up_share >= 0 && o.follow_up_share <= 1;
 }
 
 } // namespace
@@ -480,8 +503,11 @@ int main(int argc, char** argv) {
                  "                   [--max-batched-tokens T] [--prefill-chunk C]\n"
                  "                   [--follow-ups F] [--no-prefix-cache] [--csv FILE] [--quiet]\n"
                  "                   [--engine auto|gpu|cpu] [--check-pages]\n"
+                 "                   [--preempt recompute|swap] [--host-tokens H]\n"
                  "  kv-tokens >= 2 x max-len, max-len >= 64, 0 <= follow-ups <= 1\n"
-                 "  --check-pages: the GPU kernels in their debug mode, every page id checked\n");
+                 "  --check-pages: the GPU kernels in their debug mode, every page id checked\n"
+                 "  --preempt swap: preempted requests go to a host tier of H tokens (default\n"
+                 "    half the KV memory) and come back from it\n");
     return 2;
   }
   const auto trace = make_trace(o);
@@ -499,9 +525,15 @@ int main(int argc, char** argv) {
               o.requests, static_cast<unsigned long long>(o.seed), o.arrivals_per_step,
               100 * o.follow_up_share, mean_prompt, mean_output);
   std::printf("KV memory: %d tokens (%d blocks of %d), max_len %d, batch limit %d, prefix cache "
-              "%s\n\n",
+              "%s\n",
               o.kv_tokens, o.kv_tokens / o.block_size, o.block_size, o.max_len, o.max_running,
               o.prefix_cache ? "on" : "off");
+  if (o.preempt == "swap") {
+    std::printf("preemption: swap to a host tier of %d tokens (%d blocks)\n\n", o.host_tokens,
+                o.host_tokens / o.block_size);
+  } else {
+    std::printf("preemption: recompute\n\n");
+  }
 
   std::FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
   if (!o.csv.empty() && csv == nullptr) {
@@ -543,6 +575,11 @@ int main(int argc, char** argv) {
   std::printf("utilization = tokens held in reserved KV memory / reserved KV slots, averaged over "
               "steps (a shared block counts once); %lld copy-on-write page copies.\n",
               static_cast<long long>(paged.copies));
+  if (o.preempt == "swap") {
+    std::printf("swaps: %lld pages out to the host tier, %lld back in.\n",
+                static_cast<long long>(paged.swapped_out),
+                static_cast<long long>(paged.swapped_in));
+  }
   const sim::engine_stats& e = paged.engine;
   std::printf("\nmodel engine: %s\n", e.name.c_str());
   std::printf("  K/V written for %lld tokens, decode attention for %lld; %lld decode outputs "
@@ -551,10 +588,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(e.written_tokens), static_cast<long long>(e.decode_tokens),
               static_cast<long long>(e.checked), e.max_rel_error);
   if (e.kernel_seconds > 0) {
-    std::printf("  device time: %.1f ms in all (copies, K/V writes, decode); decode %.1f ms, "
-                "%.2f TB/s of K/V read\n",
-                e.kernel_seconds * 1e3, e.decode_seconds * 1e3,
-                e.decode_bytes / std::max(e.decode_seconds, 1e-12) / 1e12);
+    std::printf(
+        "  device time: %.1f ms in all (swaps, copies, K/V writes, decode); decode %.1f ms, "
+        "%.2f TB/s of K/V read\n",
+        e.kernel_seconds * 1e3, e.decode_seconds * 1e3,
+        e.decode_bytes / std::max(e.decode_seconds, 1e-12) / 1e12);
   }
   if (!paged.drained || !base.drained) {
     std::fprintf(stderr, "error: KV memory not fully returned at the end\n");
@@ -562,6 +600,12 @@ int main(int argc, char** argv) {
   }
   if (!e.failure.empty()) {
     std::fprintf(stderr, "error: the model engine failed: %s\n", e.failure.c_str());
+    return 1;
+  }
+  if (e.swapped_pages != paged.swapped_out + paged.swapped_in) {
+    std::fprintf(stderr, "error: the model engine swapped %lld pages of the plans' %lld\n",
+                 static_cast<long long>(e.swapped_pages),
+                 static_cast<long long>(paged.swapped_out + paged.swapped_in));
     return 1;
   }
   if (!(e.max_rel_error < 2e-2) || (e.decode_tokens > 0 && e.checked == 0)) {

@@ -3,16 +3,18 @@
 //
 // K, V and queries are synthetic but deterministic functions of (token id, position), like a
 // model's: a prompt block served from the prefix cache must hold exactly what recomputing it
-// would write. Each step the engine executes the plan's copy-on-write copies, writes the K/V of
-// every computed token into its slot (the slot mapping from block_table), and runs decode
-// attention for the sequences that decode (the CSR page table from block_table). Prefill
-// attention is not computed (kvkit has no prefill kernel yet); prefill tokens are written.
+// would write. Each step the engine executes the plan's swaps (out to a host tier, then back in)
+// and copy-on-write copies, writes the K/V of every computed token into its slot (the slot mapping
+// from block_table), and runs decode attention for the sequences that decode (the CSR page table
+// from block_table). Prefill attention is not computed (kvkit has no prefill kernel yet); prefill
+// tokens are written.
 //
-// Two engines: the GPU one (sim_attention_gpu.cu: copy_blocks, write_kv and paged_decode over a
-// model-shaped bf16 cache of one layer), and a CPU one (kvkit::reference::paged_decode over a
-// reduced head count and width, a few decode sequences a step). Both check decode outputs
-// against a dense float64 attention recomputed from the sequences' tokens, so a wrong slot, a
-// stale shared block or a missed copy shows as an error.
+// Two engines: the GPU one (sim_attention_gpu.cu: swap_blocks_copy_engines, copy_blocks, write_kv
+// and paged_decode over a model-shaped bf16 cache of one layer and a pinned host tier), and a CPU
+// one (kvkit::reference::paged_decode over a reduced head count and width, a few decode sequences a
+// step). Both check decode outputs against a dense float64 attention recomputed from the sequences'
+// tokens, so a wrong slot, a stale shared block, a missed copy or a swap that lost a page shows as
+// an error.
 
 #include <algorithm>
 #include <cmath>
@@ -31,10 +33,12 @@ namespace sim {
 // What one step asks of the engine. Tokens are listed per computed token (all sequences of the
 // batch, concatenated); decode sequences are those whose attention runs this step.
 struct step_work {
-  std::span<const kvkit::block_copy> copies; // copy-on-write, before anything else
-  std::span<const std::int64_t> slots;       // per computed token: block * block_size + offset
-  std::span<const kvkit::token_id> tokens;   // per computed token
-  std::span<const std::int32_t> positions;   // per computed token
+  std::span<const kvkit::block_copy> swap_out; // {device page, host page}, first
+  std::span<const kvkit::block_copy> swap_in;  // {host page, device page}, after the swap-outs
+  std::span<const kvkit::block_copy> copies;   // copy-on-write, after the swaps
+  std::span<const std::int64_t> slots;         // per computed token: block * block_size + offset
+  std::span<const kvkit::token_id> tokens;     // per computed token
+  std::span<const std::int32_t> positions;     // per computed token
   // Decode sequences: CSR page table, and their query token and position.
   std::span<const std::int32_t> indptr, indices, last_page_len;
   std::span<const kvkit::token_id> query_tokens;
@@ -49,7 +53,8 @@ struct engine_stats {
   std::int64_t decode_tokens = 0; // decode attention computed
   std::int64_t checked = 0;       // decode outputs checked against the dense recomputation
   double max_rel_error = 0.0;     // worst relative error of a checked output
-  double kernel_seconds = 0.0;    // device time of copies + writes + decode (GPU engine)
+  std::int64_t swapped_pages = 0; // pages swapped out or in
+  double kernel_seconds = 0.0;    // device time of swaps + copies + writes + decode (GPU engine)
   double decode_bytes = 0.0;      // K/V bytes the decode kernels read
   double decode_seconds = 0.0;    // device time of the decode kernels alone
   std::string failure;            // why the engine stopped (empty: it did not)
@@ -161,16 +166,19 @@ inline double dense_check(const model_shape& m, const std::vector<kvkit::token_i
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// The CPU engine: a bf16 paged cache of `capacity` pages in host memory, K/V written element by
-// element, kvkit::reference::paged_decode for up to `per_step` decode sequences a step (in turn).
+// The CPU engine: a bf16 paged cache of `capacity` pages in host memory and a swap tier of
+// `host_capacity` pages, K/V written element by element, kvkit::reference::paged_decode for up to
+// `per_step` decode sequences a step (in turn).
 class cpu_engine final : public engine {
 public:
-  cpu_engine(std::int32_t capacity, std::int32_t block_size, model_shape m, std::int32_t per_step)
+  cpu_engine(std::int32_t capacity, std::int32_t host_capacity, std::int32_t block_size,
+             model_shape m, std::int32_t per_step)
       : m_(m), layout_(block_size, m.kv_heads, m.head_dim), per_step_(per_step) {
-    cache_.assign(static_cast<std::size_t>(capacity) *
-                      static_cast<std::size_t>(layout_.bytes_per_page()),
-                  std::byte{0});
+    const auto page = static_cast<std::size_t>(layout_.bytes_per_page());
+    cache_.assign(static_cast<std::size_t>(capacity) * page, std::byte{0});
+    host_.assign(static_cast<std::size_t>(host_capacity) * page, std::byte{0});
     capacity_ = capacity;
+    host_capacity_ = host_capacity;
     stats_.name = "CPU reference (kvkit::reference::paged_decode), " + std::to_string(m.kv_heads) +
                   " KV heads x " + std::to_string(m.head_dim) + ", group " +
                   std::to_string(m.group) + ", " + std::to_string(per_step) +
@@ -186,7 +194,16 @@ public:
     const auto outside = [&](std::int64_t page) {
       return page < 0 || page >= capacity_;
     };
-    if (std::any_of(w.copies.begin(), w.copies.end(),
+    const auto outside_host = [&](std::int64_t page) {
+      return page < 0 || page >= host_capacity_;
+    };
+    if (std::any_of(
+            w.swap_out.begin(), w.swap_out.end(),
+            [&](const kvkit::block_copy& c) { return outside(c.src) || outside_host(c.dst); }) ||
+        std::any_of(
+            w.swap_in.begin(), w.swap_in.end(),
+            [&](const kvkit::block_copy& c) { return outside_host(c.src) || outside(c.dst); }) ||
+        std::any_of(w.copies.begin(), w.copies.end(),
                     [&](const kvkit::block_copy& c) { return outside(c.src) || outside(c.dst); }) ||
         std::any_of(w.slots.begin(), w.slots.end(),
                     [&](std::int64_t s) { return s >= 0 && outside(s / bs); })) {
@@ -195,9 +212,20 @@ public:
     if (!stats_.failure.empty()) {
       return;
     }
+    const auto move = [&](const std::vector<std::byte>& from, std::int64_t f,
+                          std::vector<std::byte>& to, std::int64_t t) {
+      std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(f) * bpp),
+                  bpp, to.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * bpp));
+    };
+    for (const auto& c : w.swap_out) {
+      move(cache_, c.src, host_, c.dst);
+    }
+    for (const auto& c : w.swap_in) {
+      move(host_, c.src, cache_, c.dst);
+    }
+    stats_.swapped_pages += static_cast<std::int64_t>(w.swap_out.size() + w.swap_in.size());
     for (const auto& c : w.copies) {
-      std::copy_n(cache_.begin() + static_cast<std::ptrdiff_t>(c.src * bpp), bpp,
-                  cache_.begin() + static_cast<std::ptrdiff_t>(c.dst * bpp));
+      move(cache_, c.src, cache_, c.dst);
     }
     for (std::size_t i = 0; i < w.slots.size(); ++i) {
       if (w.slots[i] < 0) {
@@ -263,16 +291,19 @@ private:
   kvkit::paged_layout<kvkit::bf16_codec> layout_;
   std::int32_t per_step_;
   std::int32_t capacity_ = 0;
+  std::int32_t host_capacity_ = 0;
   std::vector<std::byte> cache_;
+  std::vector<std::byte> host_; // the swap tier
   std::uint64_t next_ = 0;
   engine_stats stats_;
 };
 
 // The GPU engine (sim_attention_gpu.cu), or null when this build has no CUDA or the machine no
-// GPU; `why` says which. `check_pages`: its kernels run in their debug mode (page_check), and a
-// page id outside the cache fails the run.
-std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t block_size,
-                                        model_shape m, std::int32_t max_batch, bool check_pages,
-                                        std::string& why);
+// GPU; `why` says which. A swap tier of `host_capacity` pages in pinned host memory.
+// `check_pages`: its kernels run in their debug mode (page_check), and a page id outside the
+// cache fails the run (swap page ids are checked on the host always).
+std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t host_capacity,
+                                        std::int32_t block_size, model_shape m,
+                                        std::int32_t max_batch, bool check_pages, std::string& why);
 
 } // namespace sim

@@ -1,5 +1,6 @@
-// The serving simulation's GPU engine: one model-shaped layer (bf16 K/V in pages) driven by the
-// scheduler's plans through copy_blocks, write_kv and paged_decode.
+// The serving simulation's GPU engine: one model-shaped layer (bf16 K/V in pages) and a pinned
+// host tier, driven by the scheduler's plans through swap_blocks_copy_engines, copy_blocks,
+// write_kv and paged_decode.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -61,9 +62,10 @@ class gpu_engine final : public engine {
 public:
   using layout_t = kvkit::paged_layout<kvkit::bf16_codec>;
 
-  gpu_engine(std::int32_t capacity, std::int32_t block_size, model_shape m, std::int32_t max_batch,
-             bool check_pages)
-      : m_(m), layout_(block_size, m.kv_heads, m.head_dim), capacity_(capacity) {
+  gpu_engine(std::int32_t capacity, std::int32_t host_capacity, std::int32_t block_size,
+             model_shape m, std::int32_t max_batch, bool check_pages)
+      : m_(m), layout_(block_size, m.kv_heads, m.head_dim), capacity_(capacity),
+        host_capacity_(host_capacity) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0));
     sm_count_ = prop.multiProcessorCount;
@@ -85,6 +87,15 @@ public:
     }
     std::byte* layer = cache_.ptr;
     check(layers_.upload(std::span<std::byte* const>(&layer, 1), stream_));
+    if (host_capacity > 0) {
+      void* host = nullptr;
+      check(cudaHostAlloc(&host,
+                          static_cast<std::size_t>(host_capacity) *
+                              static_cast<std::size_t>(layout_.bytes_per_page()),
+                          cudaHostAllocDefault));
+      host_ = static_cast<std::byte*>(host);
+      scratch_.reserve(static_cast<std::size_t>(std::min(capacity, host_capacity)), 1);
+    }
     // The decode's arrival counters, for the largest batch, zeroed once: every launch leaves
     // them at zero again, so the launches skip their memset (decode_args::zeroed_counters).
     check(counters_.reserve(static_cast<std::size_t>(std::max(max_batch, 1)) * m.kv_heads));
@@ -92,6 +103,8 @@ public:
     check(cudaStreamSynchronize(stream_));
   }
   ~gpu_engine() override {
+    cudaStreamSynchronize(stream_);
+    cudaFreeHost(host_);
     cudaStreamDestroy(stream_);
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
@@ -104,6 +117,10 @@ public:
       return;
     }
     check(cudaEventRecord(start_, stream_));
+    // Swaps on the copy engines, in the plan's order on this stream: what a swap-out reads was
+    // written by earlier steps' kernels, and the pages it frees may be written by this step's.
+    swap(w.swap_out, cache_.ptr, capacity_, host_, host_capacity_);
+    swap(w.swap_in, host_, host_capacity_, cache_.ptr, capacity_);
     if (!w.copies.empty()) {
       check(pairs_.upload(w.copies, stream_));
       kvkit::cuda::page_copies c{layers_.ptr, layers_.ptr,
@@ -218,6 +235,27 @@ public:
   [[nodiscard]] const engine_stats& stats() const override { return stats_; }
 
 private:
+  void swap(std::span<const kvkit::block_copy> pairs, std::byte* from, std::int32_t from_capacity,
+            std::byte* to, std::int32_t to_capacity) {
+    if (pairs.empty()) {
+      return;
+    }
+    const kvkit::cuda::host_page_copies c{&from,
+                                          &to,
+                                          1,
+                                          layout_.bytes_per_page(),
+                                          pairs.data(),
+                                          static_cast<std::int32_t>(pairs.size()),
+                                          from_capacity,
+                                          to_capacity};
+    if (!kvkit::cuda::validate(c).ok()) {
+      fail("a swap page id outside the cache or the host tier");
+      return;
+    }
+    check(kvkit::cuda::swap_blocks_copy_engines(c, scratch_, stream_));
+    stats_.swapped_pages += static_cast<std::int64_t>(pairs.size());
+  }
+
   void check(cudaError_t e) {
     if (e != cudaSuccess) {
       fail(cudaGetErrorString(e));
@@ -228,6 +266,9 @@ private:
   model_shape m_;
   layout_t layout_;
   std::int32_t capacity_;
+  std::int32_t host_capacity_;
+  std::byte* host_ = nullptr;       // the swap tier (pinned)
+  kvkit::cuda::copy_batch scratch_; // the swaps' copy lists, kept from step to step
   std::int32_t sm_count_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr, decode_start_ = nullptr, decode_stop_ = nullptr;
@@ -247,8 +288,9 @@ private:
 
 } // namespace
 
-std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t block_size,
-                                        model_shape m, std::int32_t max_batch, bool check_pages,
+std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t host_capacity,
+                                        std::int32_t block_size, model_shape m,
+                                        std::int32_t max_batch, bool check_pages,
                                         std::string& why) {
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
@@ -256,7 +298,8 @@ std::unique_ptr<engine> make_gpu_engine(std::int32_t capacity, std::int32_t bloc
     why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
     return nullptr;
   }
-  return std::make_unique<gpu_engine>(capacity, block_size, m, max_batch, check_pages);
+  return std::make_unique<gpu_engine>(capacity, host_capacity, block_size, m, max_batch,
+                                      check_pages);
 }
 
 } // namespace sim

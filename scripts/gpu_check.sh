@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvkit's GPU run of record, in one call: the GPU tests (and the [first_launch] cases once more,
 # each in a process of its own), the two GPU examples (serving_sim a second time on a short trace
-# with every kernel in its debug mode), PyTorch's SDPA as the decode benchmark's peer where torch
+# with every kernel in its debug mode and preemption by swap through the copy engines), PyTorch's SDPA as the decode benchmark's peer where torch
 # is installed, every GPU benchmark, the decode targets checked against that run, and last the GPU
 # tests under compute-sanitizer memcheck and racecheck. Logs and data go to LOG_DIR (its files of
 # an earlier run are replaced).
@@ -52,10 +52,12 @@ first_rc=${PIPESTATUS[0]}
 [[ $first_rc -eq 0 ]] || rc=1
 
 # The examples of build folder $1, each run under `timeout $2` (0: no bound) and logged with the
-# prefix $3; serving_sim once more on a shorter trace with every kernel in its debug mode.
+# prefix $3; serving_sim once more on a shorter trace in less KV memory, with every kernel in its
+# debug mode and preemption by swap (a host tier; swap_blocks_copy_engines).
 run_examples() {
   local run example args bin log example_rc
-  for run in decode_step serving_sim "serving_sim --requests 300 --check-pages"; do
+  for run in decode_step serving_sim \
+    "serving_sim --requests 300 --check-pages --preempt swap --kv-tokens 16384"; do
     read -r example args <<<"$run"
     bin="$1/examples/$example"
     if [[ ! -x $bin ]]; then
