@@ -88,7 +88,7 @@ fi
   --benchmark_out="$logs/bench_decode.json" --benchmark_out_format=json 2>&1 |
   tee "$logs/bench_decode.txt"
 python3 "$here/decode_targets.py" "$logs/bench_decode.json" 2>&1 | tee "$logs/targets.txt"
-"$build/bench/kvkit_bench_cuda" --benchmark_filter='^(BM_|write_kv|quantize_pages|dequantize_pages)' \
+"$build/bench/kvkit_bench_cuda" --benchmark_filter='^(BM_|write_kv|quantize_pages|dequantize_pages|decode_beside_swap)' \
   --benchmark_out="$logs/bench_cuda.json" --benchmark_out_format=json 2>&1 |
   tee "$logs/bench_cuda.txt"
 # The PTX build, where staged: the paths of devices before Hopper (no cluster merge, no dependent

@@ -21,6 +21,9 @@
 // A last row launches an empty kernel the same way (paged_decode_launch/empty_kernel): the host
 // time of the launch alone, for the stream rows' host_us (the host's time to queue a call).
 //
+// The decode_beside_swap rows run bf16 B=32, L=8192 on one stream while another swaps pages in or
+// out through the swap kernel or the copy engines: what each costs the other.
+//
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
 // memcpy of 1 GB from the same run, PyTorch SDPA on contiguous bf16 KV of the same shape when
 // KVKIT_SDPA_CSV names the file bench/cuda/sdpa_peer.py wrote in the same run, the target of the
@@ -48,6 +51,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/bench_cuda_timing.cuh"
+#include "kvkit/cuda/copy_blocks.cuh"
 #include "kvkit/cuda/paged_decode.cuh"
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/layout/page_layout.hpp"
@@ -632,6 +636,181 @@ void BM_launch_peer(benchmark::State& state) {
   state.counters["host_us"] = kvkit_bench::median(host) * 1e6;
 }
 
+// A decode beside a swap: bf16 decode of B=32, L=8192, group 4 (pages of 16 tokens) in a loop on
+// one stream while another swaps 64 scattered 64 KiB pages of each of 32 layers (128 MiB) between
+// device caches and pinned host memory, through the swap kernel (`engines` false) or the copy
+// engines (swap_blocks_copy_engines). The decode loop is as long as the swap alone (whole calls).
+// Prints the decode loop's time beside its time alone (decode_x: > 1, the swap slowed it) and the
+// swap's rate beside its rate alone (swap_x: > 1, the decode slowed it); the row's time is the
+// longer of the two streams. `out`: device to host; else host to device.
+void BM_decode_beside_swap(benchmark::State& state, bool out, bool engines) {
+  if (!kvkit_bench::gpu_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  using layout_t = kvkit::paged_layout<kvkit::bf16_codec>;
+  constexpr int batch = 32, len = 8192, group = 4, page_size = 16;
+  cache_context* ctx = context_for<layout_t>("bf16", page_size);
+  if (ctx == nullptr) {
+    state.SkipWithError("cache allocation failed");
+    return;
+  }
+  const layout_t layout(page_size, kv_heads(), head_dim());
+  const std::int32_t q_heads = group * kv_heads();
+  const std::int32_t pages_per_seq = len / page_size;
+  std::vector<std::int32_t> indptr(batch + 1);
+  for (int b = 0; b <= batch; ++b) {
+    indptr[static_cast<std::size_t>(b)] = b * pages_per_seq;
+  }
+  const std::vector<std::int32_t> last(batch, page_size);
+  const auto q_elems = static_cast<std::size_t>(batch) * q_heads * head_dim();
+  std::int32_t *d_indptr = nullptr, *d_indices = nullptr, *d_last = nullptr;
+  __nv_bfloat16 *d_q = nullptr, *d_out = nullptr;
+  cudaMalloc(&d_indptr, indptr.size() * 4);
+  cudaMalloc(&d_last, last.size() * 4);
+  cudaMalloc(&d_indices, static_cast<std::size_t>(batch) * pages_per_seq * 4);
+  cudaMalloc(&d_q, q_elems * 2);
+  cudaMalloc(&d_out, q_elems * 2);
+  cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_last, last.data(), last.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_indices, ctx->order.data(), static_cast<std::size_t>(batch) * pages_per_seq * 4,
+             cudaMemcpyHostToDevice);
+  cudaMemset(d_q, 0x3C, q_elems * 2); // bf16 0x3C3C, about 0.0115
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const std::vector<std::int32_t> lens(batch, len);
+  const kvkit::decode_plan plan =
+      *kvkit::plan_decode(kvkit::decode_shape_for(layout, batch, q_heads), lens, sms);
+  std::byte* ws = nullptr;
+  cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 16));
+  kvkit::cuda::decode_args<layout_t, __nv_bfloat16> a;
+  a.layout = layout;
+  a.cache = ctx->cache;
+  a.capacity = ctx->capacity;
+  a.table = kvkit::csr_page_table{d_indptr, d_indices, d_last, batch, page_size};
+  a.q = d_q;
+  a.out = d_out;
+
+  // The swap: 32 layers of 128 pages on each side, pairs scattered over disjoint halves.
+  constexpr std::int32_t layers = 32, pairs = 64, pages = 2 * pairs;
+  const auto page_bytes = layout.bytes_per_page();
+  const std::size_t layer_bytes = static_cast<std::size_t>(pages) * page_bytes;
+  std::vector<std::byte*> dev(layers), host(layers);
+  for (std::int32_t l = 0; l < layers; ++l) {
+    cudaMalloc(&dev[static_cast<std::size_t>(l)], layer_bytes);
+    cudaHostAlloc(&host[static_cast<std::size_t>(l)], layer_bytes, cudaHostAllocDefault);
+  }
+  std::vector<kvkit::block_copy> list;
+  for (std::int32_t i = 0; i < pairs; ++i) {
+    list.push_back({(i * 7) % pairs, pairs + (i * 13) % pairs});
+  }
+  std::byte** d_from = nullptr;
+  std::byte** d_to = nullptr;
+  kvkit::block_copy* d_pairs = nullptr;
+  cudaMalloc(&d_from, layers * sizeof(std::byte*));
+  cudaMalloc(&d_to, layers * sizeof(std::byte*));
+  cudaMalloc(&d_pairs, list.size() * sizeof(kvkit::block_copy));
+  const std::vector<std::byte*>& from = out ? dev : host;
+  const std::vector<std::byte*>& to = out ? host : dev;
+  cudaMemcpy(d_from, from.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_to, to.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_pairs, list.data(), list.size() * sizeof(kvkit::block_copy), cudaMemcpyHostToDevice);
+  const kvkit::cuda::page_copies kernel_swap{d_from, d_to, layers, page_bytes, d_pairs, pairs};
+  const kvkit::cuda::host_page_copies engine_swap{from.data(), to.data(), layers, page_bytes,
+                                                  list.data(), pairs,     pages,  pages};
+  kvkit::cuda::copy_batch scratch;
+
+  cudaStream_t ds = nullptr, ss = nullptr;
+  cudaStreamCreateWithFlags(&ds, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&ss, cudaStreamNonBlocking);
+  cudaError_t err = cudaSuccess;
+  const auto decode = [&] {
+    const cudaError_t e = kvkit::cuda::paged_decode(a, plan, ws, plan.workspace_bytes(), ds);
+    err = err == cudaSuccess ? e : err;
+  };
+  const auto swap = [&] {
+    const cudaError_t e = engines ? kvkit::cuda::swap_blocks_copy_engines(engine_swap, scratch, ss)
+                                  : kvkit::cuda::swap_blocks(kernel_swap, ss);
+    err = err == cudaSuccess ? e : err;
+  };
+  const double decode_once = kvkit_bench::median_seconds(decode, 5, ds);
+  const double swap_alone = kvkit_bench::median_seconds(swap, 7, ss);
+  const int calls = std::max(1, static_cast<int>(std::lround(swap_alone / decode_once)));
+  const double decode_alone = kvkit_bench::median_seconds(
+      [&] {
+        for (int c = 0; c < calls; ++c) {
+          decode();
+        }
+      },
+      7, ds);
+  cudaEvent_t start, decode_end, swap_end;
+  cudaEventCreate(&start);
+  cudaEventCreate(&decode_end);
+  cudaEventCreate(&swap_end);
+  std::vector<double> decode_with, swap_with;
+  for (auto _ : state) {
+    cudaEventRecord(start, ds);
+    cudaStreamWaitEvent(ss, start);
+    swap();
+    for (int c = 0; c < calls; ++c) {
+      decode();
+    }
+    cudaEventRecord(decode_end, ds);
+    cudaEventRecord(swap_end, ss);
+    float d_ms = 0.0F, s_ms = 0.0F;
+    if (err == cudaSuccess) {
+      err = cudaEventSynchronize(decode_end);
+    }
+    if (err == cudaSuccess) {
+      err = cudaEventSynchronize(swap_end);
+    }
+    if (err == cudaSuccess) {
+      err = cudaEventElapsedTime(&d_ms, start, decode_end);
+    }
+    if (err == cudaSuccess) {
+      err = cudaEventElapsedTime(&s_ms, start, swap_end);
+    }
+    if (err != cudaSuccess || !std::isfinite(decode_alone) || !std::isfinite(swap_alone)) {
+      state.SkipWithError(err != cudaSuccess ? cudaGetErrorString(err) : "a run alone failed");
+      decode_with.clear();
+      break;
+    }
+    decode_with.push_back(d_ms * 1e-3);
+    swap_with.push_back(s_ms * 1e-3);
+    state.SetIterationTime(std::max(d_ms, s_ms) * 1e-3);
+  }
+  if (!decode_with.empty()) {
+    const double swap_bytes = static_cast<double>(pairs) * layers * static_cast<double>(page_bytes);
+    const double d = kvkit_bench::median(decode_with);
+    const double sw = kvkit_bench::median(swap_with);
+    state.counters["decode_calls"] = calls;
+    state.counters["decode_us_alone"] = decode_alone * 1e6;
+    state.counters["decode_us"] = d * 1e6;
+    state.counters["decode_x"] = d / decode_alone;
+    state.counters["swap_GB/s_alone"] = swap_bytes / swap_alone / 1e9;
+    state.counters["swap_GB/s"] = swap_bytes / sw / 1e9;
+    state.counters["swap_x"] = sw / swap_alone;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(decode_end);
+  cudaEventDestroy(swap_end);
+  cudaStreamDestroy(ds);
+  cudaStreamDestroy(ss);
+  for (std::int32_t l = 0; l < layers; ++l) {
+    cudaFree(dev[static_cast<std::size_t>(l)]);
+    cudaFreeHost(host[static_cast<std::size_t>(l)]);
+  }
+  cudaFree(d_from);
+  cudaFree(d_to);
+  cudaFree(d_pairs);
+  cudaFree(d_indptr);
+  cudaFree(d_indices);
+  cudaFree(d_last);
+  cudaFree(d_q);
+  cudaFree(d_out);
+  cudaFree(ws);
+}
+
 const bool registered = [] {
   using kvkit::paged_layout;
   register_codec<paged_layout<kvkit::bf16_codec>>("bf16", {16, 1, 2, 4, 8, 32, 64}, true);
@@ -658,6 +837,13 @@ const bool registered = [] {
   register_codec<paged_layout<kvkit::int4_group_codec<128>>>("int4_g128", {16}, false);
   register_graph_rows();
   register_row("paged_decode_launch/empty_kernel", BM_launch_peer);
+  for (const bool out : {true, false}) {
+    for (const bool engines : {false, true}) {
+      register_row(std::string("decode_beside_swap/") + (out ? "out" : "in") + "/" +
+                       (engines ? "copy_engines" : "kernel"),
+                   [=](benchmark::State& s) { BM_decode_beside_swap(s, out, engines); });
+    }
+  }
   benchmark::AddCustomContext("kvkit_decode_overrides", overrides_in_effect());
   return true;
 }();
