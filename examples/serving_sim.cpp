@@ -587,6 +587,11 @@ int main(int argc, char** argv) {
               "%.2e\n",
               static_cast<long long>(e.written_tokens), static_cast<long long>(e.decode_tokens),
               static_cast<long long>(e.checked), e.max_rel_error);
+  if (o.preempt == "swap") {
+    std::printf("  %lld of the checked outputs were of a sequence with a page swapped in that "
+                "step\n",
+                static_cast<long long>(e.swap_checked));
+  }
   if (e.kernel_seconds > 0) {
     std::printf(
         "  device time: %.1f ms in all (swaps, copies, K/V writes, decode); decode %.1f ms, "
@@ -600,6 +605,10 @@ int main(int argc, char** argv) {
   }
   if (!e.failure.empty()) {
     std::fprintf(stderr, "error: the model engine failed: %s\n", e.failure.c_str());
+    return 1;
+  }
+  if (paged.swapped_in > 0 && e.decode_tokens > 0 && e.swap_checked == 0) {
+    std::fprintf(stderr, "error: no output of a sequence just swapped in was checked\n");
     return 1;
   }
   if (e.swapped_pages != paged.swapped_out + paged.swapped_in) {

@@ -52,7 +52,8 @@ struct engine_stats {
   std::int64_t written_tokens = 0;
   std::int64_t decode_tokens = 0; // decode attention computed
   std::int64_t checked = 0;       // decode outputs checked against the dense recomputation
-  double max_rel_error = 0.0;     // worst relative error of a checked output
+  std::int64_t swap_checked = 0; // of those, outputs of a sequence with a page swapped in that step
+  double max_rel_error = 0.0;    // worst relative error of a checked output
   std::int64_t swapped_pages = 0; // pages swapped out or in
   double kernel_seconds = 0.0;    // device time of swaps + copies + writes + decode (GPU engine)
   double decode_bytes = 0.0;      // K/V bytes the decode kernels read
@@ -166,6 +167,29 @@ inline double dense_check(const model_shape& m, const std::vector<kvkit::token_i
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// The batch index of the first decode sequence whose pages include one swapped in this step, or -1:
+// the engines check its output that step, so that a swap that lost or misplaced a page fails the
+// run where it happened.
+inline std::int32_t swapped_in_sequence(const step_work& w) {
+  if (w.swap_in.empty()) {
+    return -1;
+  }
+  std::vector<std::int32_t> in;
+  in.reserve(w.swap_in.size());
+  for (const auto& c : w.swap_in) {
+    in.push_back(c.dst);
+  }
+  std::sort(in.begin(), in.end());
+  for (std::size_t b = 0; b + 1 < w.indptr.size(); ++b) {
+    for (std::int32_t i = w.indptr[b]; i < w.indptr[b + 1]; ++i) {
+      if (std::binary_search(in.begin(), in.end(), w.indices[static_cast<std::size_t>(i)])) {
+        return static_cast<std::int32_t>(b);
+      }
+    }
+  }
+  return -1;
+}
+
 // The CPU engine: a bf16 paged cache of `capacity` pages in host memory and a swap tier of
 // `host_capacity` pages, K/V written element by element, kvkit::reference::paged_decode for up to
 // `per_step` decode sequences a step (in turn).
@@ -244,12 +268,17 @@ public:
       }
     }
     stats_.written_tokens += static_cast<std::int64_t>(w.slots.size());
-    // Decode attention for a few sequences, in turn, each checked against the dense version.
+    // Decode attention for a few sequences, in turn, each checked against the dense version; the
+    // first of them a sequence with a page swapped in this step, where there is one.
     const auto n = static_cast<std::int32_t>(w.query_tokens.size());
     const std::int32_t qh = m_.kv_heads * m_.group;
+    const std::int32_t swapped = swapped_in_sequence(w);
     for (std::int32_t k = 0; k < std::min(n, per_step_); ++k) {
-      const std::int32_t b = static_cast<std::int32_t>((next_ + static_cast<std::uint64_t>(k)) %
-                                                       static_cast<std::uint64_t>(n));
+      const std::int32_t b =
+          k == 0 && swapped >= 0
+              ? swapped
+              : static_cast<std::int32_t>((next_ + static_cast<std::uint64_t>(k)) %
+                                          static_cast<std::uint64_t>(n));
       const std::int32_t one_ptr[2] = {0, w.indptr[static_cast<std::size_t>(b) + 1] -
                                               w.indptr[static_cast<std::size_t>(b)]};
       const kvkit::csr_page_table t{one_ptr,
@@ -275,6 +304,7 @@ public:
       const double err =
           dense_check(m_, *w.histories[static_cast<std::size_t>(b)], pos + 1, out.data());
       ++stats_.checked;
+      stats_.swap_checked += b == swapped ? 1 : 0;
       stats_.max_rel_error = std::max(stats_.max_rel_error, err);
     }
     next_ += static_cast<std::uint64_t>(std::min(n, per_step_));

@@ -216,10 +216,13 @@ public:
     if (decoded) {
       check(cudaEventElapsedTime(&ms, decode_start_, decode_stop_));
       stats_.decode_seconds += ms * 1e-3;
-      // Every 16th decode step, one sequence's output against the dense recomputation.
-      if (steps_++ % 16 == 0) {
+      // Every 16th decode step, one sequence's output against the dense recomputation, and at
+      // every step with swap-ins, a sequence holding a page swapped in.
+      const std::int32_t swapped = swapped_in_sequence(w);
+      if (steps_++ % 16 == 0 || swapped >= 0) {
         const std::size_t b =
-            static_cast<std::size_t>(steps_ / 16) % static_cast<std::size_t>(batch);
+            swapped >= 0 ? static_cast<std::size_t>(swapped)
+                         : static_cast<std::size_t>(steps_ / 16) % static_cast<std::size_t>(batch);
         std::vector<__nv_bfloat16> o(static_cast<std::size_t>(qh * m_.head_dim));
         check(cudaMemcpy(o.data(), out_.ptr + b * o.size(), o.size() * 2, cudaMemcpyDeviceToHost));
         std::vector<float> of(o.size());
@@ -228,6 +231,7 @@ public:
         }
         const double err = dense_check(m_, *w.histories[b], w.query_positions[b] + 1, of.data());
         ++stats_.checked;
+        stats_.swap_checked += swapped >= 0 ? 1 : 0;
         stats_.max_rel_error = std::max(stats_.max_rel_error, err);
       }
     }
