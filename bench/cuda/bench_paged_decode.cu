@@ -22,7 +22,8 @@
 // time of the launch alone, for the stream rows' host_us (the host's time to queue a call).
 //
 // The decode_beside_swap rows run bf16 B=32, L=8192 on one stream while another swaps pages in or
-// out through the swap kernel or the copy engines: what each costs the other.
+// out through the swap kernel (a block a page, or 32 or 8 blocks) or the copy engines, the two
+// streams at the same priority or the decode's first (decode_first): what each costs the other.
 //
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
 // memcpy of 1 GB from the same run, PyTorch SDPA on contiguous bf16 KV of the same shape when
@@ -638,12 +639,15 @@ void BM_launch_peer(benchmark::State& state) {
 
 // A decode beside a swap: bf16 decode of B=32, L=8192, group 4 (pages of 16 tokens) in a loop on
 // one stream while another swaps 64 scattered 64 KiB pages of each of 32 layers (128 MiB) between
-// device caches and pinned host memory, through the swap kernel (`engines` false) or the copy
-// engines (swap_blocks_copy_engines). The decode loop is as long as the swap alone (whole calls).
+// device caches and pinned host memory, through the swap kernel (`blocks` 0: a block a page;
+// else at most that many blocks, page_copies::max_blocks) or, with `blocks` -1, the copy engines
+// (swap_blocks_copy_engines). With `priority`, the decode's stream has the device's highest
+// priority and the swap's its lowest. The decode loop is as long as the swap alone (whole calls).
 // Prints the decode loop's time beside its time alone (decode_x: > 1, the swap slowed it) and the
 // swap's rate beside its rate alone (swap_x: > 1, the decode slowed it); the row's time is the
 // longer of the two streams. `out`: device to host; else host to device.
-void BM_decode_beside_swap(benchmark::State& state, bool out, bool engines) {
+void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool priority) {
+  const bool engines = blocks < 0;
   if (!kvkit_bench::gpu_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -715,14 +719,17 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, bool engines) {
   cudaMemcpy(d_from, from.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice);
   cudaMemcpy(d_to, to.data(), layers * sizeof(std::byte*), cudaMemcpyHostToDevice);
   cudaMemcpy(d_pairs, list.data(), list.size() * sizeof(kvkit::block_copy), cudaMemcpyHostToDevice);
-  const kvkit::cuda::page_copies kernel_swap{d_from, d_to, layers, page_bytes, d_pairs, pairs};
+  kvkit::cuda::page_copies kernel_swap{d_from, d_to, layers, page_bytes, d_pairs, pairs};
+  kernel_swap.max_blocks = std::max(blocks, 0);
   const kvkit::cuda::host_page_copies engine_swap{from.data(), to.data(), layers, page_bytes,
                                                   list.data(), pairs,     pages,  pages};
   kvkit::cuda::copy_batch scratch;
 
   cudaStream_t ds = nullptr, ss = nullptr;
-  cudaStreamCreateWithFlags(&ds, cudaStreamNonBlocking);
-  cudaStreamCreateWithFlags(&ss, cudaStreamNonBlocking);
+  int least = 0, greatest = 0;
+  cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  cudaStreamCreateWithPriority(&ds, cudaStreamNonBlocking, priority ? greatest : 0);
+  cudaStreamCreateWithPriority(&ss, cudaStreamNonBlocking, priority ? least : 0);
   cudaError_t err = cudaSuccess;
   const auto decode = [&] {
     const cudaError_t e = kvkit::cuda::paged_decode(a, plan, ws, plan.workspace_bytes(), ds);
@@ -837,11 +844,16 @@ const bool registered = [] {
   register_codec<paged_layout<kvkit::int4_group_codec<128>>>("int4_g128", {16}, false);
   register_graph_rows();
   register_row("paged_decode_launch/empty_kernel", BM_launch_peer);
-  for (const bool out : {true, false}) {
-    for (const bool engines : {false, true}) {
-      register_row(std::string("decode_beside_swap/") + (out ? "out" : "in") + "/" +
-                       (engines ? "copy_engines" : "kernel"),
-                   [=](benchmark::State& s) { BM_decode_beside_swap(s, out, engines); });
+  for (const bool priority : {false, true}) {
+    for (const bool out : {true, false}) {
+      for (const int blocks : {0, 32, 8, -1}) {
+        const std::string how = blocks < 0    ? "copy_engines"
+                                : blocks == 0 ? "kernel"
+                                              : "kernel_" + std::to_string(blocks) + "_blocks";
+        register_row(std::string("decode_beside_swap/") + (out ? "out" : "in") + "/" + how +
+                         (priority ? "/decode_first" : ""),
+                     [=](benchmark::State& s) { BM_decode_beside_swap(s, out, blocks, priority); });
+      }
     }
   }
   benchmark::AddCustomContext("kvkit_decode_overrides", overrides_in_effect());

@@ -63,4 +63,7 @@ namespace kvkit::detail {
 //! and so do the decode plans (decode_shape::max_rows).
 inline constexpr std::int64_t max_grid_rows = 65535;
 
+//! The most thread blocks a CUDA grid takes along x (CUDA's limit, compute capability 3.0 on).
+inline constexpr std::int64_t max_grid_columns = 2147483647;
+
 } // namespace kvkit::detail

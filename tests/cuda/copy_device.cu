@@ -37,7 +37,7 @@ cudaError_t leave_pending_error() {
 cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                             std::int64_t bytes_per_page,
                             const std::vector<kvkit::block_copy>& pairs, std::int32_t* page_check,
-                            std::int32_t dst_capacity) {
+                            std::int32_t dst_capacity, std::int32_t max_blocks) {
   device_buffers mem;
   std::vector<std::byte*> ptrs(layers.size(), nullptr);
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -54,6 +54,7 @@ cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                          cudaMemcpyHostToDevice));
   kvkit::cuda::page_copies c{d_ptrs,         d_ptrs,  static_cast<std::int32_t>(layers.size()),
                              bytes_per_page, d_pairs, static_cast<std::int32_t>(pairs.size())};
+  c.max_blocks = max_blocks;
   std::int32_t* d_flag = nullptr;
   if (page_check != nullptr) {
     KVKIT_CHECK(mem.alloc(d_flag, 1));
@@ -77,7 +78,7 @@ cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
 cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
                       std::vector<std::vector<std::byte>>& host, std::int64_t bytes_per_page,
                       const std::vector<kvkit::block_copy>& out,
-                      const std::vector<kvkit::block_copy>& in) {
+                      const std::vector<kvkit::block_copy>& in, std::int32_t max_blocks) {
   const std::size_t layers = device.size();
   device_buffers mem;
   std::vector<std::byte*> d(layers), h(layers);
@@ -100,11 +101,14 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
   KVKIT_CHECK(cudaMemcpy(pairs + out.size(), in.data(), in.size() * sizeof(kvkit::block_copy),
                          cudaMemcpyHostToDevice));
   const auto n = static_cast<std::int32_t>(layers);
-  KVKIT_CHECK(kvkit::cuda::swap_blocks(
-      {dd, dh, n, bytes_per_page, pairs, static_cast<std::int32_t>(out.size())}, nullptr));
-  KVKIT_CHECK(kvkit::cuda::swap_blocks(
-      {dh, dd, n, bytes_per_page, pairs + out.size(), static_cast<std::int32_t>(in.size())},
-      nullptr));
+  kvkit::cuda::page_copies swap_out{
+      dd, dh, n, bytes_per_page, pairs, static_cast<std::int32_t>(out.size())};
+  swap_out.max_blocks = max_blocks;
+  kvkit::cuda::page_copies swap_in{
+      dh, dd, n, bytes_per_page, pairs + out.size(), static_cast<std::int32_t>(in.size())};
+  swap_in.max_blocks = max_blocks;
+  KVKIT_CHECK(kvkit::cuda::swap_blocks(swap_out, nullptr));
+  KVKIT_CHECK(kvkit::cuda::swap_blocks(swap_in, nullptr));
   KVKIT_CHECK(cudaDeviceSynchronize());
   for (std::size_t l = 0; l < layers; ++l) {
     KVKIT_CHECK(cudaMemcpy(device[l].data(), d[l], device[l].size(), cudaMemcpyDeviceToHost));
@@ -281,10 +285,13 @@ std::vector<std::string> copy_validation_failures() {
   c = good;
   c.num_layers = 0;
   check("no layers", c, false);
-  c.num_layers = 65535; // the copy kernel's grid: a layer a row
-  check("65535 layers", c, true);
-  c.num_layers = 65536;
-  check("65536 layers", c, false);
+  c.num_layers = 65536; // no grid dimension bounds the layers: the grid is one row of pages
+  check("65536 layers", c, true);
+  c = good;
+  c.max_blocks = -1;
+  check("negative block limit", c, false);
+  c.max_blocks = 1;
+  check("a block limit of 1", c, true);
   c = good;
   c.bytes_per_page = 40;
   check("page size not a multiple of 16", c, false);

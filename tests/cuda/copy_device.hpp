@@ -15,17 +15,19 @@ namespace kvkit_test {
 // Runs copy_blocks over `layers` device caches (contents given, one vector per layer) and returns
 // them afterwards. With `page_check`, in the debug mode (page_copies::page_check), whose flag it
 // returns there: the sources' capacity is each layer's pages, the destinations' `dst_capacity`
-// (0: the same).
+// (0: the same). `max_blocks`: page_copies::max_blocks.
 cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
                             std::int64_t bytes_per_page,
                             const std::vector<kvkit::block_copy>& pairs,
-                            std::int32_t* page_check = nullptr, std::int32_t dst_capacity = 0);
+                            std::int32_t* page_check = nullptr, std::int32_t dst_capacity = 0,
+                            std::int32_t max_blocks = 0);
 
 // Swaps `out` pairs device -> pinned host, then `in` pairs host -> device, and returns both tiers.
+// `max_blocks`: page_copies::max_blocks of both swaps.
 cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
                       std::vector<std::vector<std::byte>>& host, std::int64_t bytes_per_page,
                       const std::vector<kvkit::block_copy>& out,
-                      const std::vector<kvkit::block_copy>& in);
+                      const std::vector<kvkit::block_copy>& in, std::int32_t max_blocks = 0);
 
 // How swap_blocks_copy_engines is called: on a stream of its own (one batch of copies), on the
 // legacy default stream, or captured into a CUDA graph that is then launched (one copy a run and

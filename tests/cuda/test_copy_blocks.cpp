@@ -54,8 +54,15 @@ TEST_CASE("copy_blocks runs a copy-on-write list on every layer", "[cuda][copy]"
         copy_page(l, p.src, l, p.dst, bytes);
       }
     }
-    REQUIRE(kvkit_test::run_copy_blocks(layers, bytes, pairs) == cudaSuccess);
-    CHECK(layers == want);
+    // One block for every page, and block limits that leave each block several pages (1, 5) or
+    // more blocks than pages (1000).
+    for (const std::int32_t max_blocks : {0, 1, 5, 1000}) {
+      INFO("max_blocks " << max_blocks);
+      auto got = layers;
+      REQUIRE(kvkit_test::run_copy_blocks(got, bytes, pairs, nullptr, 0, max_blocks) ==
+              cudaSuccess);
+      CHECK(got == want);
+    }
   }
 }
 
@@ -78,9 +85,14 @@ TEST_CASE("swap_blocks moves pages out to pinned host memory and back", "[cuda][
       copy_page(want_host[l], p.src, want_device[l], p.dst, bytes);
     }
   }
-  REQUIRE(kvkit_test::run_swaps(device, host, bytes, out, in) == cudaSuccess);
-  CHECK(device == want_device);
-  CHECK(host == want_host);
+  for (const std::int32_t max_blocks : {0, 2}) {
+    INFO("max_blocks " << max_blocks);
+    auto got_device = device;
+    auto got_host = host;
+    REQUIRE(kvkit_test::run_swaps(got_device, got_host, bytes, out, in, max_blocks) == cudaSuccess);
+    CHECK(got_device == want_device);
+    CHECK(got_host == want_host);
+  }
 }
 
 TEST_CASE("swap_blocks_copy_engines moves the same pages, merging runs, on every kind of stream",
@@ -194,6 +206,12 @@ TEST_CASE("copy_blocks leaves pairs outside the caches alone in its debug mode, 
   got = layers;
   flag = -1;
   REQUIRE(kvkit_test::run_copy_blocks(got, bytes, mixed, &flag) == cudaSuccess);
+  CHECK(flag == 1);
+  CHECK(got == want);
+  // The same with two blocks taking the pages in turn: a rejected pair skips to the next page.
+  got = layers;
+  flag = -1;
+  REQUIRE(kvkit_test::run_copy_blocks(got, bytes, mixed, &flag, 0, 2) == cudaSuccess);
   CHECK(flag == 1);
   CHECK(got == want);
   // Each bound for its own side: with destinations held to the first pages - 4, a source past

@@ -33,18 +33,22 @@ struct page_copies {
   std::int32_t* page_check = nullptr;
   std::int32_t src_capacity = 0; //!< pages in each source cache (the debug mode's bound)
   std::int32_t dst_capacity = 0; //!< pages in each destination cache (the debug mode's bound)
+  //! The most thread blocks the launch runs (0: one for each page of each layer). Each block then
+  //! moves several pages in turn. A swap of a few blocks still fills the bus while the other SMs
+  //! stay with the work of other streams (docs/kernels.md, "Swaps beside a decode").
+  std::int32_t max_blocks = 0;
 };
 
-//! bad_argument for a layer count outside 1 to 65535 (copy_blocks runs a layer a grid row), a
-//! non-positive page size or one that is not a multiple of 16, a negative pair count, null
-//! pointers or arrays not aligned to their elements when there is work, or the debug mode without
-//! positive capacities (pairs or none). Page ids must lie inside both caches (checked on the
+//! bad_argument for a non-positive layer count, a non-positive page size or one that is not a
+//! multiple of 16, a negative pair count or block limit, null pointers or arrays not aligned to
+//! their elements when there is work, or the debug mode without positive capacities (pairs or
+//! none). Page ids must lie inside both caches (checked on the
 //! device only in the debug mode, page_copies::page_check), and no page may be both a source and
 //! a destination of one batch, nor the destination of two pairs (block_table's copy lists never
 //! are).
 [[nodiscard]] inline status validate(const page_copies& c) {
-  if (c.num_layers <= 0 || c.num_layers > detail::max_grid_rows || c.bytes_per_page <= 0 ||
-      c.bytes_per_page % 16 != 0 || c.num_pairs < 0) {
+  if (c.num_layers <= 0 || c.bytes_per_page <= 0 || c.bytes_per_page % 16 != 0 || c.num_pairs < 0 ||
+      c.max_blocks < 0) {
     return errc::bad_argument;
   }
   if (c.page_check != nullptr && (c.src_capacity <= 0 || c.dst_capacity <= 0)) {
@@ -60,38 +64,42 @@ struct page_copies {
 
 namespace detail {
 
-// One CTA per (pair, layer): 16-byte loads and stores, several in flight per thread. `Checked`:
+// A CTA per (pair, layer) page, pairs fastest, or fewer CTAs that take the pages in turn
+// (page_copies::max_blocks): 16-byte loads and stores, several in flight per thread. `Checked`:
 // the debug mode's kernel (page_check set). A template also so that every translation unit that
 // includes this header may define it (a plain __global__ function defined in a header is defined
 // again in each, and the link fails).
 template <bool Checked>
 __global__ void copy_pages_kernel(page_copies c) {
-  const block_copy pair = c.pairs[blockIdx.x];
-  if (page_guard{c.src_capacity, c.page_check}.rejects<Checked>(pair.src) ||
-      page_guard{c.dst_capacity, c.page_check}.rejects<Checked>(pair.dst)) {
-    return;
-  }
-  const auto layer = static_cast<std::int32_t>(blockIdx.y);
-  const auto* src =
-      reinterpret_cast<const uint4*>(c.src_layers[layer] + pair.src * c.bytes_per_page);
-  auto* dst = reinterpret_cast<uint4*>(c.dst_layers[layer] + pair.dst * c.bytes_per_page);
-  const std::int64_t n = c.bytes_per_page / 16;
-  constexpr int unroll = 4;
-  std::int64_t i = threadIdx.x;
-  for (; i + (unroll - 1) * static_cast<std::int64_t>(blockDim.x) < n;
-       i += unroll * static_cast<std::int64_t>(blockDim.x)) {
-    uint4 v[unroll];
-#pragma unroll
-    for (int u = 0; u < unroll; ++u) {
-      v[u] = src[i + u * static_cast<std::int64_t>(blockDim.x)];
+  const std::int64_t pages = std::int64_t{c.num_pairs} * c.num_layers;
+  for (std::int64_t page = blockIdx.x; page < pages; page += gridDim.x) {
+    const block_copy pair = c.pairs[page % c.num_pairs];
+    if (page_guard{c.src_capacity, c.page_check}.rejects<Checked>(pair.src) ||
+        page_guard{c.dst_capacity, c.page_check}.rejects<Checked>(pair.dst)) {
+      continue;
     }
+    const auto layer = static_cast<std::int32_t>(page / c.num_pairs);
+    const auto* src =
+        reinterpret_cast<const uint4*>(c.src_layers[layer] + pair.src * c.bytes_per_page);
+    auto* dst = reinterpret_cast<uint4*>(c.dst_layers[layer] + pair.dst * c.bytes_per_page);
+    const std::int64_t n = c.bytes_per_page / 16;
+    constexpr int unroll = 4;
+    std::int64_t i = threadIdx.x;
+    for (; i + (unroll - 1) * static_cast<std::int64_t>(blockDim.x) < n;
+         i += unroll * static_cast<std::int64_t>(blockDim.x)) {
+      uint4 v[unroll];
 #pragma unroll
-    for (int u = 0; u < unroll; ++u) {
-      dst[i + u * static_cast<std::int64_t>(blockDim.x)] = v[u];
+      for (int u = 0; u < unroll; ++u) {
+        v[u] = src[i + u * static_cast<std::int64_t>(blockDim.x)];
+      }
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) {
+        dst[i + u * static_cast<std::int64_t>(blockDim.x)] = v[u];
+      }
     }
-  }
-  for (; i < n; i += blockDim.x) {
-    dst[i] = src[i];
+    for (; i < n; i += blockDim.x) {
+      dst[i] = src[i];
+    }
   }
 }
 
@@ -105,7 +113,9 @@ inline cudaError_t launch_copies(const page_copies& c, cudaStream_t stream) {
   if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
     return e;
   }
-  const dim3 grid(static_cast<unsigned>(c.num_pairs), static_cast<unsigned>(c.num_layers));
+  const std::int64_t pages = std::int64_t{c.num_pairs} * c.num_layers;
+  const std::int64_t limit = c.max_blocks > 0 ? c.max_blocks : max_grid_columns;
+  const dim3 grid(static_cast<unsigned>(std::min(pages, limit)));
   with_page_check(c.page_check, [&](auto checked) {
     copy_pages_kernel<decltype(checked)::value><<<grid, 256, 0, stream>>>(c);
   });

@@ -41,6 +41,9 @@ template <class... E>
 //! The most thread blocks a grid takes along y or z (config.hpp).
 using kvkit::detail::max_grid_rows;
 
+//! The most thread blocks a grid takes along x (config.hpp).
+using kvkit::detail::max_grid_columns;
+
 //! The debug mode of a kernel that takes page ids (`flag` set): an id outside [0, capacity) sets
 //! *flag to 1, and the kernel leaves that page alone instead of touching memory outside the
 //! cache. The kernels take the mode as a template argument (`Checked`, true only when the flag is
