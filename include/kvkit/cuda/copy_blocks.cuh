@@ -42,10 +42,9 @@ struct page_copies {
 //! bad_argument for a non-positive layer count, a non-positive page size or one that is not a
 //! multiple of 16, a negative pair count or block limit, null pointers or arrays not aligned to
 //! their elements when there is work, or the debug mode without positive capacities (pairs or
-//! none). Page ids must lie inside both caches (checked on the
-//! device only in the debug mode, page_copies::page_check), and no page may be both a source and
-//! a destination of one batch, nor the destination of two pairs (block_table's copy lists never
-//! are).
+//! none). Page ids must lie inside both caches (checked on the device only in the debug mode,
+//! page_copies::page_check), and no page may be both a source and a destination of one batch, nor
+//! the destination of two pairs (block_table's copy lists never are).
 [[nodiscard]] inline status validate(const page_copies& c) {
   if (c.num_layers <= 0 || c.bytes_per_page <= 0 || c.bytes_per_page % 16 != 0 || c.num_pairs < 0 ||
       c.max_blocks < 0) {
@@ -205,8 +204,9 @@ public:
   //! Copies the last call queued: runs() in every layer.
   [[nodiscard]] std::size_t copies() const noexcept { return sizes_.size(); }
 
-  //! Fills the arrays for `c` (valid): sorts the pairs by source, merges runs and lists each run's
-  //! copy in every layer.
+  //! Fills the arrays for `c`, which must pass validate(): sorts the pairs by source, merges runs
+  //! and lists each run's copy in every layer. swap_blocks_copy_engines calls it; it is public so
+  //! that an engine may inspect or queue the lists itself (dsts(), srcs(), sizes(), copies()).
   void build(const host_page_copies& c) {
     runs_.assign(c.pairs, c.pairs + c.num_pairs);
     std::sort(runs_.begin(), runs_.end(),
