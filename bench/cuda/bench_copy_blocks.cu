@@ -98,18 +98,22 @@ void run(benchmark::State& state, int kind, bool engines = false, bool run_of_pa
     }
   }
   const std::vector<std::size_t> batch_sizes(batch_dst.size(), page_bytes);
-  cudaMemcpyAttributes batch_attr{};
-  batch_attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  std::size_t batch_attr_index = 0;
   cudaStream_t batch_stream = nullptr;
   cudaStreamCreateWithFlags(&batch_stream, cudaStreamNonBlocking);
-  bool batch_ok = true;
+  // The batch call's CUDA 13 form (12.8 and 12.9 take one argument more): NaN before 13.
+  bool batch_ok = CUDART_VERSION >= 13000;
   const double batch_s = kvkit_bench::median_seconds(
       [&] {
+#if CUDART_VERSION >= 13000
+        cudaMemcpyAttributes batch_attr{}; // what swap_blocks_copy_engines sets
+        batch_attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        batch_attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        std::size_t batch_attr_index = 0;
         batch_ok =
             batch_ok && cudaMemcpyBatchAsync(batch_dst.data(), batch_src.data(), batch_sizes.data(),
                                              batch_dst.size(), &batch_attr, &batch_attr_index, 1,
                                              batch_stream) == cudaSuccess;
+#endif
       },
       15, batch_stream);
   (void)cudaGetLastError(); // a failed batch call is the peer's, not the row's

@@ -22,7 +22,7 @@
 // time of the launch alone, for the stream rows' host_us (the host's time to queue a call).
 //
 // The decode_beside_swap rows run bf16 B=32, L=8192 on one stream while another swaps pages in or
-// out through the swap kernel (a block a page, or 32 or 8 blocks) or the copy engines, the two
+// out through the swap kernel (a block a page, or 64 to 4 blocks) or the copy engines, the two
 // streams at the same priority or the decode's first (decode_first): what each costs the other.
 //
 // Each row prints: effective TB/s ((K+V bytes read, scales included) + q + out) / time), a device
@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -637,6 +638,15 @@ void BM_launch_peer(benchmark::State& state) {
   state.counters["host_us"] = kvkit_bench::median(host) * 1e6;
 }
 
+// Holds its stream for `cycles` clock cycles: the gate that the decode_beside_swap rows queue their
+// work behind, so that what they time starts on the device only once the host has queued all of
+// it (the copy-engine swap's host work, its lists and the batch call, is then not in the time).
+__global__ void hold_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
 // A decode beside a swap: bf16 decode of B=32, L=8192, group 4 (pages of 16 tokens) in a loop on
 // one stream while another swaps 64 scattered 64 KiB pages of each of 32 layers (128 MiB) between
 // device caches and pinned host memory, through the swap kernel (`blocks` 0: a block a page;
@@ -740,23 +750,48 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
                                   : kvkit::cuda::swap_blocks(kernel_swap, ss);
     err = err == cudaSuccess ? e : err;
   };
-  const double decode_once = kvkit_bench::median_seconds(decode, 5, ds);
-  const double swap_alone = kvkit_bench::median_seconds(swap, 7, ss);
+  // 2 ms of the gate: more than the host takes to queue a swap and a decode loop.
+  int clock_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  const long long hold = 2LL * std::max(clock_khz, 1000);
+  cudaEvent_t start, decode_end, swap_end;
+  cudaEventCreate(&start);
+  cudaEventCreate(&decode_end);
+  cudaEventCreate(&swap_end);
+  // Median seconds of `fn`'s work on stream `s`, timed from behind the gate.
+  const auto alone = [&](auto&& fn, cudaStream_t s) {
+    std::vector<double> t;
+    for (int r = 0; r < 7; ++r) {
+      hold_kernel<<<1, 1, 0, s>>>(hold);
+      cudaEventRecord(start, s);
+      fn();
+      cudaEventRecord(swap_end, s);
+      float ms = 0.0F;
+      if (cudaEventSynchronize(swap_end) != cudaSuccess ||
+          cudaEventElapsedTime(&ms, start, swap_end) != cudaSuccess) {
+        return std::numeric_limits<double>::quiet_NaN();
+      }
+      t.push_back(ms * 1e-3);
+    }
+    return kvkit_bench::median(t);
+  };
+  const double decode_once = alone(decode, ds);
+  const double swap_alone = alone(swap, ss);
   const int calls = std::max(1, static_cast<int>(std::lround(swap_alone / decode_once)));
-  const double decode_alone = kvkit_bench::median_seconds(
+  const double decode_alone = alone(
       [&] {
         for (int c = 0; c < calls; ++c) {
           decode();
         }
       },
-      7, ds);
-  cudaEvent_t start, decode_end, swap_end;
-  cudaEventCreate(&start);
-  cudaEventCreate(&decode_end);
-  cudaEventCreate(&swap_end);
+      ds);
+  cudaStream_t gate = nullptr;
+  cudaStreamCreateWithFlags(&gate, cudaStreamNonBlocking);
   std::vector<double> decode_with, swap_with;
   for (auto _ : state) {
-    cudaEventRecord(start, ds);
+    hold_kernel<<<1, 1, 0, gate>>>(hold);
+    cudaEventRecord(start, gate);
+    cudaStreamWaitEvent(ds, start);
     cudaStreamWaitEvent(ss, start);
     swap();
     for (int c = 0; c < calls; ++c) {
@@ -803,6 +838,7 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
   cudaEventDestroy(swap_end);
   cudaStreamDestroy(ds);
   cudaStreamDestroy(ss);
+  cudaStreamDestroy(gate);
   for (std::int32_t l = 0; l < layers; ++l) {
     cudaFree(dev[static_cast<std::size_t>(l)]);
     cudaFreeHost(host[static_cast<std::size_t>(l)]);
@@ -846,7 +882,7 @@ const bool registered = [] {
   register_row("paged_decode_launch/empty_kernel", BM_launch_peer);
   for (const bool priority : {false, true}) {
     for (const bool out : {true, false}) {
-      for (const int blocks : {0, 32, 8, -1}) {
+      for (const int blocks : {0, 64, 32, 16, 8, 4, -1}) {
         const std::string how = blocks < 0    ? "copy_engines"
                                 : blocks == 0 ? "kernel"
                                               : "kernel_" + std::to_string(blocks) + "_blocks";

@@ -122,7 +122,7 @@ cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
                                   std::int64_t bytes_per_page,
                                   const std::vector<kvkit::block_copy>& out,
                                   const std::vector<kvkit::block_copy>& in, swap_stream how,
-                                  std::size_t (&runs)[2], std::size_t (&copies)[2]) {
+                                  copy_engine_report& report) {
   const std::size_t layers = device.size();
   device_buffers mem;
   std::vector<std::byte*> d(layers), h(layers);
@@ -156,12 +156,14 @@ cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
     }
     // The first error, with the capture ended on every path (else the stream stays capturing).
     cudaError_t e = kvkit::cuda::swap_blocks_copy_engines(swap_out, scratch, stream);
-    runs[0] = scratch.runs();
-    copies[0] = scratch.copies();
+    report.runs[0] = scratch.runs();
+    report.copies[0] = scratch.copies();
+    report.batched[0] = scratch.batched();
     if (e == cudaSuccess) {
       e = kvkit::cuda::swap_blocks_copy_engines(swap_in, scratch, stream);
-      runs[1] = scratch.runs();
-      copies[1] = scratch.copies();
+      report.runs[1] = scratch.runs();
+      report.copies[1] = scratch.copies();
+      report.batched[1] = scratch.batched();
     }
     if (how == swap_stream::captured) {
       const cudaError_t end = cudaStreamEndCapture(stream, &graph);
@@ -189,6 +191,19 @@ cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
     std::memcpy(host[l].data(), h[l], host[l].size());
   }
   return cudaSuccess;
+}
+
+std::size_t expected_runs(std::vector<kvkit::block_copy> pairs) {
+  std::sort(pairs.begin(), pairs.end(), [](const kvkit::block_copy& a, const kvkit::block_copy& b) {
+    return a.src != b.src ? a.src < b.src : a.dst < b.dst;
+  });
+  std::size_t runs = 0;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    const bool joins =
+        i > 0 && pairs[i].src == pairs[i - 1].src + 1 && pairs[i].dst == pairs[i - 1].dst + 1;
+    runs += joins ? 0 : 1;
+  }
+  return runs;
 }
 
 std::vector<std::string> copy_engine_validation_failures() {
@@ -243,6 +258,9 @@ std::vector<std::string> copy_engine_validation_failures() {
   c = good;
   c.dst_layers = with_null;
   check("a null destination layer", c, errc::bad_argument);
+  c = good;
+  c.src_layers = with_null;
+  check("a null source layer", c, errc::bad_argument);
   c = good;
   c.src_capacity = 4; // pair {4, 5}'s source is page 4
   check("a source past the source cache", c, errc::invalid_block);

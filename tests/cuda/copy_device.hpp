@@ -34,14 +34,24 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
 // layer in both).
 enum class swap_stream { own, legacy, captured };
 
-// As run_swaps, through swap_blocks_copy_engines on `how`; `runs` receives the runs the swap-out
-// and the swap-in found (copy_batch::runs), `copies` the copies they queued.
+// What swap_blocks_copy_engines reported of the swap-out ([0]) and the swap-in ([1]).
+struct copy_engine_report {
+  std::size_t runs[2] = {};   // copy_batch::runs
+  std::size_t copies[2] = {}; // copy_batch::copies
+  bool batched[2] = {};       // copy_batch::batched
+};
+
+// As run_swaps, through swap_blocks_copy_engines on `how`.
 cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
                                   std::vector<std::vector<std::byte>>& host,
                                   std::int64_t bytes_per_page,
                                   const std::vector<kvkit::block_copy>& out,
                                   const std::vector<kvkit::block_copy>& in, swap_stream how,
-                                  std::size_t (&runs)[2], std::size_t (&copies)[2]);
+                                  copy_engine_report& report);
+
+// The runs copy_batch should find in `pairs`: sorted by (source, destination), a pair whose
+// source and destination both follow the previous pair's joins its run.
+std::size_t expected_runs(std::vector<kvkit::block_copy> pairs);
 
 // The argument checks of swap_blocks_copy_engines (host_page_copies): the name of every case
 // where validate() or the launcher decided otherwise than expected, or validate() gave another

@@ -156,8 +156,9 @@ struct host_page_copies {
 //! bad_argument for a non-positive layer count, page size or capacity, a negative pair count, or,
 //! when there are pairs, a null array or a null layer pointer; invalid_block for a pair whose
 //! source lies outside [0, src_capacity) or whose destination lies outside [0, dst_capacity).
-//! Reads the host arrays; makes no CUDA call. As with page_copies, no page may be the destination
-//! of two pairs of one batch (the copies run in no set order).
+//! Reads the host arrays; makes no CUDA call. As with page_copies, within one batch no page may be
+//! both a source and a destination (where both sides are one cache), nor the destination of two
+//! pairs (the copies run in no set order).
 [[nodiscard]] inline status validate(const host_page_copies& c) {
   if (c.num_layers <= 0 || c.bytes_per_page <= 0 || c.num_pairs < 0 || c.src_capacity <= 0 ||
       c.dst_capacity <= 0) {
@@ -192,25 +193,36 @@ public:
   //! less allocates.
   void reserve(std::size_t num_pairs, std::size_t num_layers) {
     runs_.reserve(num_pairs);
+    lengths_.reserve(num_pairs);
     dsts_.reserve(num_pairs * num_layers);
     srcs_.reserve(num_pairs * num_layers);
     sizes_.reserve(num_pairs * num_layers);
   }
 
-  //! Runs of pages the last call found (pairs whose sources and destinations both follow on from
-  //! the previous pair's, once sorted by source, move as one copy).
+  //! Runs of pages the last build() found (pairs whose sources and destinations both follow on
+  //! from the previous pair's, once sorted by source, move as one copy). swap_blocks_copy_engines
+  //! builds only once its arguments pass its checks: a call that returned before queueing
+  //! anything leaves the previous call's lists.
   [[nodiscard]] std::size_t runs() const noexcept { return runs_.size(); }
 
-  //! Copies the last call queued: runs() in every layer.
+  //! Copies of the last build(): runs() in every layer.
   [[nodiscard]] std::size_t copies() const noexcept { return sizes_.size(); }
+
+  //! Whether the last swap_blocks_copy_engines call queued its copies as one cudaMemcpyBatchAsync
+  //! (else one cudaMemcpyAsync a copy: the legacy stream, a capture, a runtime before CUDA 12.8 or
+  //! a driver without the batch call).
+  [[nodiscard]] bool batched() const noexcept { return batched_; }
 
   //! Fills the arrays for `c`, which must pass validate(): sorts the pairs by source, merges runs
   //! and lists each run's copy in every layer. swap_blocks_copy_engines calls it; it is public so
   //! that an engine may inspect or queue the lists itself (dsts(), srcs(), sizes(), copies()).
   void build(const host_page_copies& c) {
     runs_.assign(c.pairs, c.pairs + c.num_pairs);
-    std::sort(runs_.begin(), runs_.end(),
-              [](const block_copy& a, const block_copy& b) { return a.src < b.src; });
+    // By source, then destination: one source may go to several pages (a host copy that two
+    // requests share, swapped back into each).
+    std::sort(runs_.begin(), runs_.end(), [](const block_copy& a, const block_copy& b) {
+      return a.src != b.src ? a.src < b.src : a.dst < b.dst;
+    });
     lengths_.clear();
     std::size_t kept = 0;
     for (std::size_t i = 0; i < runs_.size(); ++i) {
@@ -243,19 +255,25 @@ public:
   [[nodiscard]] const void* const* srcs() const noexcept { return srcs_.data(); }
   [[nodiscard]] const std::size_t* sizes() const noexcept { return sizes_.data(); }
 
+  //! Set by swap_blocks_copy_engines: how it queued the lists (batched()).
+  void set_batched(bool b) noexcept { batched_ = b; }
+
 private:
   std::vector<block_copy> runs_;      // each run's first pair
   std::vector<std::int32_t> lengths_; // each run's pages
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
   std::vector<std::size_t> sizes_;
+  bool batched_ = false;
 };
 
 namespace detail {
 
 //! Whether cudaMemcpyBatchAsync takes `stream`: not the legacy default stream (nor 0 where that
 //! names it), and not a stream being captured (a batch cannot be captured; the runtime refuses
-//! it without ending the capture, and the graph would then lack the copies).
+//! it without ending the capture, and the graph would then lack the copies). Whether 0 is the
+//! legacy stream is the translation unit's choice (nvcc's --default-stream): build every unit that
+//! calls swap_blocks_copy_engines with the same one.
 [[nodiscard]] inline cudaError_t batch_takes(cudaStream_t stream, bool& takes) {
 #if CUDART_VERSION >= 12080
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
@@ -286,10 +304,12 @@ namespace detail {
 //! host first. Runs of consecutive pages (sources and destinations both consecutive) move as one
 //! copy. One cudaMemcpyBatchAsync of every layer's runs, ordered on `stream` (sources read in
 //! stream order) and flagged to prefer overlap with compute; on the legacy default stream or a
-//! stream being captured into a CUDA graph, which a batch does not take, one cudaMemcpyAsync a run
-//! and layer instead. The host arrays may be reused as soon as the call returns; `scratch` keeps
-//! the copy lists between calls. cudaErrorInvalidValue when `validate` fails (nothing queued), an
-//! error an earlier call left pending (taken, nothing queued), else the runtime's answer.
+//! stream being captured into a CUDA graph, which a batch does not take, and where the runtime
+//! (before CUDA 12.8) or the driver lacks the batch call, one cudaMemcpyAsync a run and layer
+//! instead (copy_batch::batched() tells which). The host arrays may be reused as soon as the call
+//! returns; `scratch` keeps the copy lists between calls. cudaErrorInvalidValue when `validate`
+//! fails (nothing queued), an error an earlier call left pending (taken, nothing queued), else the
+//! runtime's answer.
 [[nodiscard]] inline cudaError_t
 swap_blocks_copy_engines(const host_page_copies& c, copy_batch& scratch, cudaStream_t stream) {
   if (!validate(c).ok()) {
@@ -306,6 +326,7 @@ swap_blocks_copy_engines(const host_page_copies& c, copy_batch& scratch, cudaStr
     return e;
   }
   scratch.build(c);
+  scratch.set_batched(false);
   const std::size_t n = scratch.copies();
 #if CUDART_VERSION >= 12080
   if (batch) {
@@ -314,14 +335,19 @@ swap_blocks_copy_engines(const host_page_copies& c, copy_batch& scratch, cudaStr
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     std::size_t first = 0;
 #if CUDART_VERSION >= 13000
-    return cudaMemcpyBatchAsync(scratch.dsts(), scratch.srcs(), scratch.sizes(), n, &attr, &first,
-                                1, stream);
+    const cudaError_t e = cudaMemcpyBatchAsync(scratch.dsts(), scratch.srcs(), scratch.sizes(), n,
+                                               &attr, &first, 1, stream);
 #else
     std::size_t failed = 0;
-    return cudaMemcpyBatchAsync(
+    const cudaError_t e = cudaMemcpyBatchAsync(
         const_cast<void**>(scratch.dsts()), const_cast<void**>(scratch.srcs()),
         const_cast<std::size_t*>(scratch.sizes()), n, &attr, &first, 1, &failed, stream);
 #endif
+    if (e != cudaErrorCallRequiresNewerDriver && e != cudaErrorNotSupported) {
+      scratch.set_batched(e == cudaSuccess);
+      return e;
+    }
+    (void)cudaGetLastError(); // a driver without the batch call: the copies one at a time
   }
 #endif
   for (std::size_t i = 0; i < n; ++i) {
