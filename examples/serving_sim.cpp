@@ -16,10 +16,9 @@
 //
 // The loop plays the engine: it runs the scheduler's plans and "samples" the trace's output
 // tokens; each step the model engine (sim_attention.hpp) executes the swaps and copy-on-write
-// copies, writes
-// every computed token's K/V into its slot and runs decode attention over the page table: on a
-// GPU with kvkit's kernels over a model-shaped layer, else with the CPU reference at a reduced
-// size. Decode outputs are checked against a dense recomputation from the tokens.
+// copies, writes every computed token's K/V into its slot and runs decode attention over the page
+// table: on a GPU with kvkit's kernels over a model-shaped layer, else with the CPU reference at a
+// reduced size. Decode outputs are checked against a dense recomputation from the tokens.
 
 #include <algorithm>
 #include <array>

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # kvkit's GPU run of record, in one call: the GPU tests (and the [first_launch] cases once more,
 # each in a process of its own), the two GPU examples (serving_sim a second time on a short trace
-# with every kernel in its debug mode and preemption by swap through the copy engines), PyTorch's SDPA as the decode benchmark's peer where torch
-# is installed, every GPU benchmark, the decode targets checked against that run, and last the GPU
-# tests under compute-sanitizer memcheck and racecheck. Logs and data go to LOG_DIR (its files of
-# an earlier run are replaced).
+# with every kernel in its debug mode and preemption by swap through the copy engines), PyTorch's
+# SDPA as the decode benchmark's peer where torch is installed, every GPU benchmark, the decode
+# targets checked against that run, and last the GPU tests under compute-sanitizer memcheck and
+# racecheck. Logs and data go to LOG_DIR (its files of an earlier run are replaced).
 #   scripts/gpu_check.sh [BUILD_DIR] [LOG_DIR]     (defaults: build/release, gpu-logs)
 # Run it from the repository root. BUILD_DIR holds tests/kvkit_cuda_tests,
 # bench/kvkit_bench_cuda, examples/ with decode_step and serving_sim, and lib/

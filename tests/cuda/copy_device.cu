@@ -75,6 +75,35 @@ cudaError_t run_copy_blocks(std::vector<std::vector<std::byte>>& layers,
   return cudaSuccess;
 }
 
+namespace {
+
+// The swap tests' two tiers: each layer's device cache (`d`) and pinned host tier (`h`), allocated
+// in `mem` and filled from `device` and `host`.
+cudaError_t upload_tiers(device_buffers& mem, const std::vector<std::vector<std::byte>>& device,
+                         const std::vector<std::vector<std::byte>>& host,
+                         std::vector<std::byte*>& d, std::vector<std::byte*>& h) {
+  for (std::size_t l = 0; l < device.size(); ++l) {
+    KVKIT_CHECK(mem.alloc(d[l], device[l].size()));
+    KVKIT_CHECK(cudaMemcpy(d[l], device[l].data(), device[l].size(), cudaMemcpyHostToDevice));
+    KVKIT_CHECK(mem.alloc_pinned(h[l], host[l].size()));
+    std::memcpy(h[l], host[l].data(), host[l].size());
+  }
+  return cudaSuccess;
+}
+
+// Both tiers back into `device` and `host`, once the swaps are done.
+cudaError_t download_tiers(std::vector<std::vector<std::byte>>& device,
+                           std::vector<std::vector<std::byte>>& host,
+                           const std::vector<std::byte*>& d, const std::vector<std::byte*>& h) {
+  for (std::size_t l = 0; l < device.size(); ++l) {
+    KVKIT_CHECK(cudaMemcpy(device[l].data(), d[l], device[l].size(), cudaMemcpyDeviceToHost));
+    std::memcpy(host[l].data(), h[l], host[l].size());
+  }
+  return cudaSuccess;
+}
+
+} // namespace
+
 cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
                       std::vector<std::vector<std::byte>>& host, std::int64_t bytes_per_page,
                       const std::vector<kvkit::block_copy>& out,
@@ -82,12 +111,7 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
   const std::size_t layers = device.size();
   device_buffers mem;
   std::vector<std::byte*> d(layers), h(layers);
-  for (std::size_t l = 0; l < layers; ++l) {
-    KVKIT_CHECK(mem.alloc(d[l], device[l].size()));
-    KVKIT_CHECK(cudaMemcpy(d[l], device[l].data(), device[l].size(), cudaMemcpyHostToDevice));
-    KVKIT_CHECK(mem.alloc_pinned(h[l], host[l].size()));
-    std::memcpy(h[l], host[l].data(), host[l].size());
-  }
+  KVKIT_CHECK(upload_tiers(mem, device, host, d, h));
   std::byte** dd = nullptr;
   std::byte** dh = nullptr;
   kvkit::block_copy* pairs = nullptr;
@@ -110,11 +134,7 @@ cudaError_t run_swaps(std::vector<std::vector<std::byte>>& device,
   KVKIT_CHECK(kvkit::cuda::swap_blocks(swap_out, nullptr));
   KVKIT_CHECK(kvkit::cuda::swap_blocks(swap_in, nullptr));
   KVKIT_CHECK(cudaDeviceSynchronize());
-  for (std::size_t l = 0; l < layers; ++l) {
-    KVKIT_CHECK(cudaMemcpy(device[l].data(), d[l], device[l].size(), cudaMemcpyDeviceToHost));
-    std::memcpy(host[l].data(), h[l], host[l].size());
-  }
-  return cudaSuccess;
+  return download_tiers(device, host, d, h);
 }
 
 cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
@@ -126,12 +146,7 @@ cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
   const std::size_t layers = device.size();
   device_buffers mem;
   std::vector<std::byte*> d(layers), h(layers);
-  for (std::size_t l = 0; l < layers; ++l) {
-    KVKIT_CHECK(mem.alloc(d[l], device[l].size()));
-    KVKIT_CHECK(cudaMemcpy(d[l], device[l].data(), device[l].size(), cudaMemcpyHostToDevice));
-    KVKIT_CHECK(mem.alloc_pinned(h[l], host[l].size()));
-    std::memcpy(h[l], host[l].data(), host[l].size());
-  }
+  KVKIT_CHECK(upload_tiers(mem, device, host, d, h));
   const auto n = static_cast<std::int32_t>(layers);
   const auto device_pages =
       static_cast<std::int32_t>(static_cast<std::int64_t>(device[0].size()) / bytes_per_page);
@@ -155,15 +170,16 @@ cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
       KVKIT_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     }
     // The first error, with the capture ended on every path (else the stream stays capturing).
-    cudaError_t e = kvkit::cuda::swap_blocks_copy_engines(swap_out, scratch, stream);
-    report.runs[0] = scratch.runs();
-    report.copies[0] = scratch.copies();
-    report.batched[0] = scratch.batched();
+    const auto run = [&](int i, const kvkit::cuda::host_page_copies& c) {
+      const cudaError_t r = kvkit::cuda::swap_blocks_copy_engines(c, scratch, stream);
+      report.runs[i] = scratch.runs();
+      report.copies[i] = scratch.copies();
+      report.batched[i] = scratch.batched();
+      return r;
+    };
+    cudaError_t e = run(0, swap_out);
     if (e == cudaSuccess) {
-      e = kvkit::cuda::swap_blocks_copy_engines(swap_in, scratch, stream);
-      report.runs[1] = scratch.runs();
-      report.copies[1] = scratch.copies();
-      report.batched[1] = scratch.batched();
+      e = run(1, swap_in);
     }
     if (how == swap_stream::captured) {
       const cudaError_t end = cudaStreamEndCapture(stream, &graph);
@@ -186,11 +202,7 @@ cudaError_t run_copy_engine_swaps(std::vector<std::vector<std::byte>>& device,
     cudaStreamDestroy(stream);
   }
   KVKIT_CHECK(e);
-  for (std::size_t l = 0; l < layers; ++l) {
-    KVKIT_CHECK(cudaMemcpy(device[l].data(), d[l], device[l].size(), cudaMemcpyDeviceToHost));
-    std::memcpy(host[l].data(), h[l], host[l].size());
-  }
-  return cudaSuccess;
+  return download_tiers(device, host, d, h);
 }
 
 std::size_t expected_runs(std::vector<kvkit::block_copy> pairs) {
