@@ -103,14 +103,8 @@ __global__ void copy_pages_kernel(page_copies c) {
 }
 
 inline cudaError_t launch_copies(const page_copies& c, cudaStream_t stream) {
-  if (!validate(c).ok()) {
-    return cudaErrorInvalidValue;
-  }
-  if (c.num_pairs == 0) {
-    return cudaSuccess;
-  }
-  if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
-    return e;
+  if (const auto done = before_launch(validate(c).ok(), c.num_pairs > 0)) {
+    return *done;
   }
   const std::int64_t pages = std::int64_t{c.num_pairs} * c.num_layers;
   const std::int64_t limit = c.max_blocks > 0 ? c.max_blocks : max_grid_columns;
@@ -312,14 +306,8 @@ namespace detail {
 //! runtime's answer.
 [[nodiscard]] inline cudaError_t
 swap_blocks_copy_engines(const host_page_copies& c, copy_batch& scratch, cudaStream_t stream) {
-  if (!validate(c).ok()) {
-    return cudaErrorInvalidValue;
-  }
-  if (c.num_pairs == 0) {
-    return cudaSuccess;
-  }
-  if (const cudaError_t e = detail::take_pending_error(); e != cudaSuccess) {
-    return e;
+  if (const auto done = detail::before_launch(validate(c).ok(), c.num_pairs > 0)) {
+    return *done;
   }
   bool batch = false;
   if (const cudaError_t e = detail::batch_takes(stream, batch); e != cudaSuccess) {

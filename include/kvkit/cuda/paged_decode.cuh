@@ -2870,15 +2870,12 @@ decode_build_choice decode_build_chosen(const decode_args<Layout, T>& a, const d
 template <int HeadDim, class Layout, class T>
 cudaError_t decode_dim(const decode_args<Layout, T>& a, const decode_plan& plan, void* workspace,
                        std::size_t workspace_bytes, cudaStream_t stream, std::int32_t smem_optin) {
-  if (!validate(a, plan, workspace, workspace_bytes).ok() || plan.shape.head_dim != HeadDim) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.table.batch_size == 0) {
-    return cudaSuccess;
-  }
-  // Taken before the launcher's own queries, whose expected failures it clears.
-  if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
-    return e;
+  // The pending error is taken before the launcher's own queries, whose expected failures it
+  // clears.
+  const bool valid =
+      validate(a, plan, workspace, workspace_bytes).ok() && plan.shape.head_dim == HeadDim;
+  if (const auto done = before_launch(valid, a.table.batch_size > 0)) {
+    return *done;
   }
   const cudaError_t e = with_group_tiles(plan, [&](auto nt) {
     return launch_decode<Layout, T, HeadDim, decltype(nt)::value>(a, plan, workspace, stream,

@@ -953,13 +953,14 @@ cudaError_t launch_regions(const page_batch<Layout, T>& b, cudaStream_t stream) 
       b, b.v, l.v_data_offset(), l.v_param_offset(), v_scales, stream);
 }
 
-// The debug mode (a flag to set) runs kernels of their own, so the ordinary ones test nothing.
+// Both directions' launcher: the arguments checked, then K's launch and V's. The debug mode (a flag
+// to set) runs kernels of their own, so the ordinary ones test nothing.
 template <bool Quantize, class Layout, class T>
 cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
   static_assert(device_layout<Layout>,
                 "the page kernels take paged_layout of the library's codecs only");
-  if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
-    return e;
+  if (const auto done = before_launch(validate(b).ok(), b.num_pages > 0)) {
+    return *done;
   }
   return with_page_check(b.page_check, [&](auto checked) {
     return launch_regions<Quantize, decltype(checked)::value>(b, stream);
@@ -978,12 +979,6 @@ cudaError_t launch(const page_batch<Layout, T>& b, cudaStream_t stream) {
 //! the debug mode (page_batch::page_check).
 template <page_layout Layout, page_element T>
 [[nodiscard]] cudaError_t quantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
-  if (!validate(b).ok()) {
-    return cudaErrorInvalidValue;
-  }
-  if (b.num_pages == 0) {
-    return cudaSuccess;
-  }
   return detail::launch<true>(b, stream);
 }
 
@@ -991,12 +986,6 @@ template <page_layout Layout, page_element T>
 //! V's in two launches, as there).
 template <page_layout Layout, page_element T>
 [[nodiscard]] cudaError_t dequantize_pages(const page_batch<Layout, T>& b, cudaStream_t stream) {
-  if (!validate(b).ok()) {
-    return cudaErrorInvalidValue;
-  }
-  if (b.num_pages == 0) {
-    return cudaSuccess;
-  }
   return detail::launch<false>(b, stream);
 }
 

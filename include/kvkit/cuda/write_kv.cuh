@@ -70,14 +70,8 @@ template <page_layout Layout, page_element T>
 [[nodiscard]] cudaError_t write_kv(const kv_write<Layout, T>& w, cudaStream_t stream) {
   static_assert(detail::device_layout<Layout>,
                 "write_kv takes paged_layout of the library's codecs only");
-  if (!validate(w).ok()) {
-    return cudaErrorInvalidValue;
-  }
-  if (w.num_tokens == 0) {
-    return cudaSuccess;
-  }
-  if (const cudaError_t e = detail::take_pending_error(); e != cudaSuccess) {
-    return e;
+  if (const auto done = detail::before_launch(validate(w).ok(), w.num_tokens > 0)) {
+    return *done;
   }
   const Layout& l = w.layout;
   const dim3 grid(

@@ -8,6 +8,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "kvkit/config.hpp"
@@ -36,6 +37,23 @@ template <class... E>
 //! launched nothing (a retry runs).
 [[nodiscard]] inline cudaError_t take_pending_error() {
   return cudaGetLastError();
+}
+
+//! The launchers' common start, in its order: cudaErrorInvalidValue where the arguments are not
+//! `valid`, cudaSuccess where they are and there is no work (nothing is queued, and an earlier
+//! call's error stays pending for its caller), else the error an earlier call left pending
+//! (take_pending_error); nullopt where the launcher goes on to queue its work.
+[[nodiscard]] inline std::optional<cudaError_t> before_launch(bool valid, bool has_work) {
+  if (!valid) {
+    return cudaErrorInvalidValue;
+  }
+  if (!has_work) {
+    return cudaSuccess;
+  }
+  if (const cudaError_t e = take_pending_error(); e != cudaSuccess) {
+    return e;
+  }
+  return std::nullopt;
 }
 
 //! The most thread blocks a grid takes along y or z (config.hpp).
