@@ -337,6 +337,47 @@ cache_context* context_for(const std::string& name, std::int32_t page_size) {
   return c.get();
 }
 
+// The device arrays of a decode row: CSR page tables of `rotations` disjoint page sets, one after
+// the other, each of `batch` sequences of `len` tokens in pages of `page_size` (the cache's pages
+// in ctx.order), and each set's queries and outputs (bf16, `q_elems` a set; the caller fills the
+// queries). Freed with the object.
+struct decode_buffers {
+  std::int32_t* indptr = nullptr;
+  std::int32_t* indices = nullptr; // set r's pages from indices + r * batch * pages a sequence
+  std::int32_t* last = nullptr;
+  __nv_bfloat16* q = nullptr;
+  __nv_bfloat16* out = nullptr;
+
+  decode_buffers(const cache_context& ctx, int batch, int len, int page_size, std::size_t q_elems,
+                 std::int32_t rotations) {
+    const std::int32_t pages_per_seq = (len + page_size - 1) / page_size;
+    const auto pages = static_cast<std::size_t>(batch) * pages_per_seq * rotations;
+    std::vector<std::int32_t> host_indptr(static_cast<std::size_t>(batch) + 1);
+    const std::vector<std::int32_t> host_last(static_cast<std::size_t>(batch),
+                                              len - (pages_per_seq - 1) * page_size);
+    for (int b = 0; b <= batch; ++b) {
+      host_indptr[static_cast<std::size_t>(b)] = b * pages_per_seq;
+    }
+    cudaMalloc(&indptr, host_indptr.size() * 4);
+    cudaMalloc(&last, host_last.size() * 4);
+    cudaMalloc(&indices, pages * 4);
+    cudaMalloc(&q, q_elems * 2 * static_cast<std::size_t>(rotations));
+    cudaMalloc(&out, q_elems * 2 * static_cast<std::size_t>(rotations));
+    cudaMemcpy(indptr, host_indptr.data(), host_indptr.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(last, host_last.data(), host_last.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(indices, ctx.order.data(), pages * 4, cudaMemcpyHostToDevice);
+  }
+  decode_buffers(const decode_buffers&) = delete;
+  decode_buffers& operator=(const decode_buffers&) = delete;
+  ~decode_buffers() {
+    cudaFree(indptr);
+    cudaFree(indices);
+    cudaFree(last);
+    cudaFree(q);
+    cudaFree(out);
+  }
+};
+
 template <class Layout>
 void BM_decode(benchmark::State& state, std::string codec, int batch, int len, int group,
                int page_size, bool graph = false) {
@@ -362,24 +403,8 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
       1, 256));
 
   // Page tables of `rotations` disjoint page sets, one device array each after the other.
-  std::vector<std::int32_t> indptr(static_cast<std::size_t>(batch) + 1);
-  std::vector<std::int32_t> last(static_cast<std::size_t>(batch),
-                                 len - (pages_per_seq - 1) * page_size);
-  for (int b = 0; b <= batch; ++b) {
-    indptr[static_cast<std::size_t>(b)] = b * pages_per_seq;
-  }
-  std::int32_t *d_indptr = nullptr, *d_indices = nullptr, *d_last = nullptr;
-  __nv_bfloat16 *d_q = nullptr, *d_out = nullptr;
-  cudaMalloc(&d_indptr, indptr.size() * 4);
-  cudaMalloc(&d_last, last.size() * 4);
-  cudaMalloc(&d_indices, static_cast<std::size_t>(pages * rotations) * 4);
   const auto q_elems = static_cast<std::size_t>(batch) * q_heads * head_dim();
-  cudaMalloc(&d_q, q_elems * 2 * static_cast<std::size_t>(rotations));
-  cudaMalloc(&d_out, q_elems * 2 * static_cast<std::size_t>(rotations));
-  cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_last, last.data(), last.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_indices, ctx->order.data(), static_cast<std::size_t>(pages * rotations) * 4,
-             cudaMemcpyHostToDevice);
+  const decode_buffers bufs(*ctx, batch, len, page_size, q_elems, rotations);
   {
     std::vector<__nv_bfloat16> q(q_elems * static_cast<std::size_t>(rotations));
     std::mt19937 rng(11);
@@ -387,7 +412,7 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     for (auto& x : q) {
       x = __float2bfloat16(d(rng));
     }
-    cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(bufs.q, q.data(), q.size() * 2, cudaMemcpyHostToDevice);
   }
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
@@ -435,9 +460,10 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
     a.layout = layout;
     a.cache = ctx->cache;
     a.capacity = ctx->capacity;
-    a.table = kvkit::csr_page_table{d_indptr, d_indices + r * pages, d_last, batch, page_size};
-    a.q = d_q + q_elems * static_cast<std::size_t>(r);
-    a.out = d_out + q_elems * static_cast<std::size_t>(r);
+    a.table =
+        kvkit::csr_page_table{bufs.indptr, bufs.indices + r * pages, bufs.last, batch, page_size};
+    a.q = bufs.q + q_elems * static_cast<std::size_t>(r);
+    a.out = bufs.out + q_elems * static_cast<std::size_t>(r);
     a.static_scales = ctx->scales;
     a.zeroed_counters = counters;
     a.zeroed_counter_count = static_cast<std::int64_t>(plan.counter_count());
@@ -541,11 +567,6 @@ void BM_decode(benchmark::State& state, std::string codec, int batch, int len, i
       state.counters["time_vs_bf16"] = t / base->second; // bf16 of the same order
     }
   }
-  cudaFree(d_indptr);
-  cudaFree(d_indices);
-  cudaFree(d_last);
-  cudaFree(d_q);
-  cudaFree(d_out);
   cudaFree(ws);
   cudaFree(counters);
 }
@@ -671,25 +692,9 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
   }
   const layout_t layout(page_size, kv_heads(), head_dim());
   const std::int32_t q_heads = group * kv_heads();
-  const std::int32_t pages_per_seq = len / page_size;
-  std::vector<std::int32_t> indptr(batch + 1);
-  for (int b = 0; b <= batch; ++b) {
-    indptr[static_cast<std::size_t>(b)] = b * pages_per_seq;
-  }
-  const std::vector<std::int32_t> last(batch, page_size);
   const auto q_elems = static_cast<std::size_t>(batch) * q_heads * head_dim();
-  std::int32_t *d_indptr = nullptr, *d_indices = nullptr, *d_last = nullptr;
-  __nv_bfloat16 *d_q = nullptr, *d_out = nullptr;
-  cudaMalloc(&d_indptr, indptr.size() * 4);
-  cudaMalloc(&d_last, last.size() * 4);
-  cudaMalloc(&d_indices, static_cast<std::size_t>(batch) * pages_per_seq * 4);
-  cudaMalloc(&d_q, q_elems * 2);
-  cudaMalloc(&d_out, q_elems * 2);
-  cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_last, last.data(), last.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_indices, ctx->order.data(), static_cast<std::size_t>(batch) * pages_per_seq * 4,
-             cudaMemcpyHostToDevice);
-  cudaMemset(d_q, 0x3C, q_elems * 2); // bf16 0x3C3C, about 0.0115
+  const decode_buffers bufs(*ctx, batch, len, page_size, q_elems, 1);
+  cudaMemset(bufs.q, 0x3C, q_elems * 2); // bf16 0x3C3C, about 0.0115
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const std::vector<std::int32_t> lens(batch, len);
@@ -701,9 +706,9 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
   a.layout = layout;
   a.cache = ctx->cache;
   a.capacity = ctx->capacity;
-  a.table = kvkit::csr_page_table{d_indptr, d_indices, d_last, batch, page_size};
-  a.q = d_q;
-  a.out = d_out;
+  a.table = kvkit::csr_page_table{bufs.indptr, bufs.indices, bufs.last, batch, page_size};
+  a.q = bufs.q;
+  a.out = bufs.out;
 
   // The swap: 32 layers of 128 pages on each side, pairs scattered over disjoint halves.
   constexpr std::int32_t layers = 32, pairs = 64, pages = 2 * pairs;
@@ -846,11 +851,6 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
   cudaFree(d_from);
   cudaFree(d_to);
   cudaFree(d_pairs);
-  cudaFree(d_indptr);
-  cudaFree(d_indices);
-  cudaFree(d_last);
-  cudaFree(d_q);
-  cudaFree(d_out);
   cudaFree(ws);
 }
 
