@@ -17,13 +17,16 @@
 # conversion sweep and the decode page-size sweep, too slow instrumented, the other decode cases
 # covering the same code paths, and the [pending_error] cases, whose failed launches on purpose
 # memcheck reports as API errors); KVKIT_SANITIZE_TOOLS names the tools run (default "memcheck
-# racecheck"); KVKIT_SANITIZE_TIMEOUT bounds each tool's run in seconds (default 320; a tool
-# stopped by the bound names the case it was in, in its log). On an H200 the steps before the
-# sanitizers take about 200 s, memcheck about 40 and racecheck about 320 over the default cases, so
-# a call of at most 600 s has room for memcheck after the rest (KVKIT_SANITIZE_TOOLS=memcheck;
-# a staged PTX build's tests took 155 s on an H100 on 2026-12-05 and 156 s with the 47 cases of
-# 2026-12-07, compilation included: give them a call of their own), and racecheck goes in a call
-# of its own. The exit status is 0 only if the tests (the [first_launch] runs too), the three
+# racecheck" where it is unset; set and empty: none); KVKIT_SANITIZE_TIMEOUT bounds each tool's
+# run in seconds (default 320; a tool stopped by the bound names the case it was in, in its log).
+# On an H200 (2026-12-06) the steps
+# before the sanitizers took about 200 s, memcheck about 40 and racecheck about 320 over the
+# default cases; on an H100 of 2026-12-07, with the beside-a-decode rows, the steps before the
+# sanitizers took about 6 minutes, and memcheck more than 150 s and racecheck more than 330 s (each
+# stopped by its bound), so in calls of at most 600 s run the check with KVKIT_SANITIZE_TOOLS=""
+# and each sanitizer in a call of its own (a staged PTX build's tests took 155 s on an H100 on
+# 2026-12-05 and 156 s with the 47 cases of 2026-12-07, compilation included: a call of their own
+# too). The exit status is 0 only if the tests (the [first_launch] runs too), the three
 # example runs (and the PTX build's, where staged) and the sanitizers named ran and passed.
 set -uo pipefail
 build=${1:-build/release}
@@ -105,10 +108,13 @@ if [[ -d $build/ptx ]]; then
   run_examples "$build/ptx" "$ptx_timeout" ptx_
 fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-if [[ -n $sanitizer ]]; then
+tools=${KVKIT_SANITIZE_TOOLS-memcheck racecheck}
+if [[ -z ${tools// /} ]]; then
+  echo "no sanitizer run (KVKIT_SANITIZE_TOOLS is empty)" | tee "$logs/sanitizer.txt"
+elif [[ -n $sanitizer ]]; then
   cases=${KVKIT_SANITIZE_CASES:-"~[conversions]~[sweep]~[pending_error]"}
   # shellcheck disable=SC2086 # the tools' names are words
-  for tool in ${KVKIT_SANITIZE_TOOLS:-memcheck racecheck}; do
+  for tool in $tools; do
     timeout "${KVKIT_SANITIZE_TIMEOUT:-320}" "$sanitizer" --tool "$tool" --error-exitcode 3 \
       "$build/tests/kvkit_cuda_tests" "$cases" --durations yes >"$logs/$tool.txt" 2>&1
     tool_rc=$?
