@@ -3,7 +3,7 @@
 // copy engines moving the same scattered pages in one cudaMemcpyBatchAsync (x_batch).
 // swap_blocks_copy_engines' rows (BM_swap_*_copy_engines) put the library's copy-engine swap beside
 // the same peers, on scattered pages and on one run of consecutive pages (which it moves as one
-// copy a layer).
+// copy a layer). Every row also prints the host's time in each call (host_us).
 // Pages of 64 KiB (16 tokens x 8 KV heads x 128 channels, fp16 K and V): 32 layers.
 
 #include <algorithm>
@@ -117,6 +117,10 @@ void run(benchmark::State& state, int kind, bool engines = false, bool run_of_pa
       },
       15, batch_stream);
   (void)cudaGetLastError(); // a failed batch call is the peer's, not the row's
+  // The host's seconds in each call (`host_us`): the launch, or the copy-engine swap's lists and
+  // batch call. The row's time runs from an event recorded before the call, so it holds this
+  // time too where the copies start only once the call has queued them.
+  std::vector<double> host_s;
   if (engines) {
     // The same swap described by host arrays, on a stream of its own (as the batch peer).
     const kvkit::cuda::host_page_copies h{kind == 2 ? host.data() : dev.data(),
@@ -130,15 +134,21 @@ void run(benchmark::State& state, int kind, bool engines = false, bool run_of_pa
     kvkit::cuda::copy_batch scratch;
     kvkit_bench::time_launches(
         state, [&] { return kvkit::cuda::swap_blocks_copy_engines(h, scratch, batch_stream); }, 1,
-        batch_stream);
+        batch_stream, &host_s);
     state.counters["copies"] = static_cast<double>(scratch.copies());
   } else {
-    kvkit_bench::time_launches(state, [&] {
-      return kind == 0 ? kvkit::cuda::copy_blocks(c, nullptr)
-                       : kvkit::cuda::swap_blocks(c, nullptr);
-    });
+    kvkit_bench::time_launches(
+        state,
+        [&] {
+          return kind == 0 ? kvkit::cuda::copy_blocks(c, nullptr)
+                           : kvkit::cuda::swap_blocks(c, nullptr);
+        },
+        1, nullptr, &host_s);
   }
   cudaStreamDestroy(batch_stream);
+  if (!host_s.empty()) {
+    state.counters["host_us"] = kvkit_bench::median(host_s) * 1e6;
+  }
   // Device copies count bytes read and written, as the memcpy figure of docs/performance.md does;
   // swaps count bytes crossing the bus.
   const double bytes = kind == 0 ? 2 * moved : moved;
