@@ -32,6 +32,7 @@
 // the same order (NHD or HND).
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -659,12 +660,13 @@ void BM_launch_peer(benchmark::State& state) {
   state.counters["host_us"] = kvkit_bench::median(host) * 1e6;
 }
 
-// Holds its stream for `cycles` clock cycles: the gate that the decode_beside_swap rows queue their
-// work behind, so that what they time starts on the device only once the host has queued all of
-// it (the copy-engine swap's host work, its lists and the batch call, is then not in the time).
-__global__ void hold_kernel(long long cycles) {
+// Holds its stream until the host sets `*open` (pinned host memory, mapped), or for `cycles` clock
+// cycles at most: the gate that the decode_beside_swap rows queue their work behind, so that what
+// they time starts on the device only once the host has queued all of it (the copy-engine swap's
+// host work, its lists and the batch call, is then not in the time, however long it takes).
+__global__ void gate_kernel(const volatile int* open, long long cycles) {
   const long long start = clock64();
-  while (clock64() - start < cycles) {
+  while (*open == 0 && clock64() - start < cycles) {
   }
 }
 
@@ -675,8 +677,11 @@ __global__ void hold_kernel(long long cycles) {
 // (swap_blocks_copy_engines). With `priority`, the decode's stream has the device's highest
 // priority and the swap's its lowest. The decode loop is as long as the swap alone (whole calls).
 // Prints the decode loop's time beside its time alone (decode_x: > 1, the swap slowed it) and the
-// swap's rate beside its rate alone (swap_x: > 1, the decode slowed it); the row's time is the
-// longer of the two streams. `out`: device to host; else host to device.
+// swap's rate beside its rate alone (swap_x: > 1, the decode slowed it), and the host's time to
+// queue the swap (swap_host_us: the copy engines' lists and batch call; a launch for the kernel);
+// the row's time is the longer of the two streams. Both streams start behind a gate that the host
+// opens once it has queued everything, so no host work is in the times. `out`: device to host;
+// else host to device.
 void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool priority) {
   const bool engines = blocks < 0;
   if (!kvkit_bench::gpu_available()) {
@@ -688,6 +693,16 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
   cache_context* ctx = context_for<layout_t>("bf16", page_size);
   if (ctx == nullptr) {
     state.SkipWithError("cache allocation failed");
+    return;
+  }
+  // The gate's flag, opened by the host once it has queued the timed work; the gate gives up after
+  // about a second if the flag never reaches the device (the row's times then hold the host's
+  // queueing, as `swap_host_us`, the host's time to queue the swap, says how much).
+  int* open = nullptr;
+  int* d_open = nullptr;
+  if (cudaHostAlloc(&open, sizeof(int), cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostGetDevicePointer(&d_open, open, 0) != cudaSuccess) {
+    state.SkipWithError("mapped host flag allocation failed");
     return;
   }
   const layout_t layout(page_size, kv_heads(), head_dim());
@@ -755,10 +770,16 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
                                   : kvkit::cuda::swap_blocks(kernel_swap, ss);
     err = err == cudaSuccess ? e : err;
   };
-  // 2 ms of the gate: more than the host takes to queue a swap and a decode loop.
   int clock_khz = 0;
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
-  const long long hold = 2LL * std::max(clock_khz, 1000);
+  const long long hold = 1000LL * std::max(clock_khz, 1000);
+  const auto close_gate = [&](cudaStream_t s) {
+    *static_cast<volatile int*>(open) = 0;
+    gate_kernel<<<1, 1, 0, s>>>(d_open, hold);
+  };
+  const auto open_gate = [&] {
+    *static_cast<volatile int*>(open) = 1;
+  };
   cudaEvent_t start, decode_end, swap_end;
   cudaEventCreate(&start);
   cudaEventCreate(&decode_end);
@@ -767,10 +788,11 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
   const auto alone = [&](auto&& fn, cudaStream_t s) {
     std::vector<double> t;
     for (int r = 0; r < 7; ++r) {
-      hold_kernel<<<1, 1, 0, s>>>(hold);
+      close_gate(s);
       cudaEventRecord(start, s);
       fn();
       cudaEventRecord(swap_end, s);
+      open_gate();
       float ms = 0.0F;
       if (cudaEventSynchronize(swap_end) != cudaSuccess ||
           cudaEventElapsedTime(&ms, start, swap_end) != cudaSuccess) {
@@ -792,18 +814,22 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
       ds);
   cudaStream_t gate = nullptr;
   cudaStreamCreateWithFlags(&gate, cudaStreamNonBlocking);
-  std::vector<double> decode_with, swap_with;
+  std::vector<double> decode_with, swap_with, swap_host;
   for (auto _ : state) {
-    hold_kernel<<<1, 1, 0, gate>>>(hold);
+    close_gate(gate);
     cudaEventRecord(start, gate);
     cudaStreamWaitEvent(ds, start);
     cudaStreamWaitEvent(ss, start);
+    const auto queued_from = std::chrono::steady_clock::now();
     swap();
+    swap_host.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - queued_from).count());
     for (int c = 0; c < calls; ++c) {
       decode();
     }
     cudaEventRecord(decode_end, ds);
     cudaEventRecord(swap_end, ss);
+    open_gate();
     float d_ms = 0.0F, s_ms = 0.0F;
     if (err == cudaSuccess) {
       err = cudaEventSynchronize(decode_end);
@@ -837,6 +863,7 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
     state.counters["swap_GB/s_alone"] = swap_bytes / swap_alone / 1e9;
     state.counters["swap_GB/s"] = swap_bytes / sw / 1e9;
     state.counters["swap_x"] = sw / swap_alone;
+    state.counters["swap_host_us"] = kvkit_bench::median(swap_host) * 1e6;
   }
   cudaEventDestroy(start);
   cudaEventDestroy(decode_end);
@@ -844,6 +871,7 @@ void BM_decode_beside_swap(benchmark::State& state, bool out, int blocks, bool p
   cudaStreamDestroy(ds);
   cudaStreamDestroy(ss);
   cudaStreamDestroy(gate);
+  cudaFreeHost(open);
   for (std::int32_t l = 0; l < layers; ++l) {
     cudaFree(dev[static_cast<std::size_t>(l)]);
     cudaFreeHost(host[static_cast<std::size_t>(l)]);
