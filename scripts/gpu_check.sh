@@ -19,15 +19,15 @@
 # memcheck reports as API errors); KVKIT_SANITIZE_TOOLS names the tools run (default "memcheck
 # racecheck" where it is unset; set and empty: none); KVKIT_SANITIZE_TIMEOUT bounds each tool's
 # run in seconds (default 320; a tool stopped by the bound names the case it was in, in its log).
-# On an H200 (2026-12-06) the steps
-# before the sanitizers took about 200 s, memcheck about 40 and racecheck about 320 over the
-# default cases; on an H100 of 2026-12-07, with the beside-a-decode rows, the steps before the
-# sanitizers took about 6 minutes, and memcheck more than 150 s and racecheck more than 330 s (each
-# stopped by its bound), so in calls of at most 600 s run the check with KVKIT_SANITIZE_TOOLS=""
-# and each sanitizer in a call of its own (a staged PTX build's tests took 155 s on an H100 on
-# 2026-12-05 and 156 s with the 47 cases of 2026-12-07, compilation included: a call of their own
-# too). The exit status is 0 only if the tests (the [first_launch] runs too), the three
-# example runs (and the PTX build's, where staged) and the sanitizers named ran and passed.
+# On an H200 (2026-12-06) the steps before the sanitizers took about 200 s, memcheck about 40 and
+# racecheck about 320 over the default cases; on an H100 of 2026-12-07, with the beside-a-decode
+# rows, the steps before the sanitizers took about 6 minutes, and memcheck more than 150 s and
+# racecheck more than 330 s (each stopped by its bound), so in calls of at most 600 s run the check
+# with KVKIT_SANITIZE_TOOLS="" and each sanitizer in a call of its own (a staged PTX build's tests
+# took 155 s on an H100 on 2026-12-05 and 156 s with the 47 cases of 2026-12-07, compilation
+# included: a call of their own too). The exit status is 0 only if the tests (the [first_launch]
+# runs too), the three example runs (and the PTX build's, where staged) and the sanitizers named
+# ran and passed.
 set -uo pipefail
 build=${1:-build/release}
 logs=${2:-gpu-logs}
