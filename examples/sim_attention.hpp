@@ -6,8 +6,8 @@
 // would write. Each step the engine executes the plan's swaps (out to a host tier, then back in)
 // and copy-on-write copies, writes the K/V of every computed token into its slot (the slot mapping
 // from block_table), and runs decode attention for the sequences that decode (the CSR page table
-// from block_table). Prefill attention is not computed (kvkit has no prefill kernel yet); prefill
-// tokens are written.
+// from block_table). Prefill attention is not computed (the simulation checks decode outputs);
+// prefill tokens are written.
 //
 // Two engines: the GPU one (sim_attention_gpu.cu: swap_blocks_copy_engines, copy_blocks, write_kv
 // and paged_decode over a model-shaped bf16 cache of one layer and a pinned host tier), and a CPU

@@ -2,8 +2,8 @@
 # kvkit's GPU run of record, in one call: the GPU tests (and the [first_launch] cases once more,
 # each in a process of its own), the two GPU examples (serving_sim a second time on a short trace
 # with every kernel in its debug mode and preemption by swap through the copy engines), PyTorch's
-# SDPA as the decode benchmark's peer where torch is installed, every GPU benchmark, the decode
-# targets checked against that run, and last the GPU tests under compute-sanitizer memcheck and
+# SDPA as the decode and prefill benchmarks' peer where torch is installed, every GPU benchmark,
+# the decode targets checked against that run, and last the GPU tests under compute-sanitizer memcheck and
 # racecheck. Logs and data go to LOG_DIR (its files of an earlier run are replaced).
 #   scripts/gpu_check.sh [BUILD_DIR] [LOG_DIR]     (defaults: build/release, gpu-logs)
 # Run it from the repository root. BUILD_DIR holds tests/kvkit_cuda_tests,
@@ -91,6 +91,18 @@ fi
   --benchmark_out="$logs/bench_decode.json" --benchmark_out_format=json 2>&1 |
   tee "$logs/bench_decode.txt"
 python3 "$here/decode_targets.py" "$logs/bench_decode.json" 2>&1 | tee "$logs/targets.txt"
+# The prefill rows beside their SDPA peer, measured in this call.
+: >"$logs/sdpa_prefill.txt"
+if python3 -c "import torch" 2>/dev/null &&
+  python3 "$here/../bench/cuda/sdpa_prefill_peer.py" "$logs/sdpa_prefill.csv" \
+    >"$logs/sdpa_prefill.txt" 2>&1; then
+  export KVKIT_SDPA_PREFILL_CSV="$logs/sdpa_prefill.csv"
+else
+  echo "no SDPA prefill peer this run (see sdpa_prefill.txt)" | tee -a "$logs/sdpa_prefill.txt"
+fi
+"$build/bench/kvkit_bench_cuda" --benchmark_filter=paged_prefill \
+  --benchmark_out="$logs/bench_prefill.json" --benchmark_out_format=json 2>&1 |
+  tee "$logs/bench_prefill.txt"
 "$build/bench/kvkit_bench_cuda" --benchmark_filter='^(BM_|write_kv|quantize_pages|dequantize_pages|decode_beside_swap)' \
   --benchmark_out="$logs/bench_cuda.json" --benchmark_out_format=json 2>&1 |
   tee "$logs/bench_cuda.txt"

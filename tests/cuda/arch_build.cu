@@ -6,13 +6,15 @@
 // two-tile and wide kernels, the four-stage build for long blocks, and the two builds of the
 // 16-bit caches at head dim 256 for devices with less shared memory a block than Hopper (the
 // two-stage build an A100 runs, decode_short_ring_fit, and the narrow one that devices of
-// compute capability 8.6, 8.9 and 12.x run, decode_narrow_fit); and the page kernels.
+// compute capability 8.6, 8.9 and 12.x run, decode_narrow_fit); the prefill kernels of an fp8
+// cache (every head dim); and the page kernels.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "kvkit/cuda/copy_blocks.cuh"
 #include "kvkit/cuda/paged_decode.cuh"
+#include "kvkit/cuda/paged_prefill.cuh"
 #include "kvkit/cuda/quantize_pages.cuh"
 #include "kvkit/cuda/write_kv.cuh"
 
@@ -38,6 +40,11 @@ cudaError_t decode_int4_128(const kvkit::cuda::decode_args<int4_pages, __nv_bflo
                             const kvkit::decode_plan& plan, void* workspace, std::size_t bytes,
                             cudaStream_t stream) {
   return kvkit::cuda::paged_decode_dim<128>(a, plan, workspace, bytes, stream);
+}
+
+cudaError_t prefill_fp8(const kvkit::cuda::prefill_args<fp8_pages, __nv_bfloat16>& a,
+                        cudaStream_t stream) {
+  return kvkit::cuda::paged_prefill(a, stream);
 }
 
 cudaError_t write_fp8(const kvkit::cuda::kv_write<fp8_pages, __nv_bfloat16>& w,

@@ -168,6 +168,32 @@ __device__ inline void load_codes(const std::byte* src, std::uint32_t (&q)[8]) {
   }
 }
 
+// Eight values of codec C decoded as C::decode gives them: `c` and `p` are the codes and
+// parameters as loaded (from `codes_at` and `params_at`; for fp8, `scales[head]`). True where
+// decode8's straight-line path took them (no NaN code, finite parameters); false where the codec's
+// scalar code did, from the page again (it canonicalizes NaN).
+template <kv_codec C>
+__device__ inline bool decode8_exact(const code_chunk<C>& c, const chunk_params& p,
+                                     const std::byte* codes_at, const std::byte* params_at,
+                                     const float* scales, std::int32_t head, float (&x)[8]) {
+  if (decode8<C>(c, p, x)) {
+    return true;
+  }
+  std::uint32_t q[8];
+  load_codes<C>(codes_at, q);
+  typename C::params cp{};
+  if constexpr (C::scaling == kv_scaling::static_per_head) {
+    cp = C::with_scale(scales[head]);
+  } else if constexpr (C::param_bytes > 0) {
+    cp = C::load(params_at);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[i] = C::decode(q[i], cp);
+  }
+  return false;
+}
+
 // Where a token row comes from and goes: its input (nullptr when there is no such token), its
 // page and its token index in the page.
 template <class T>
@@ -384,25 +410,14 @@ __global__ void __maxnreg__(row_kernel_registers)
       if (u < tokens) {
         T* o = out + u * row_elems;
         float x[8];
-        if (decode8<C>(codes[u], p[u], x)) {
+        if (decode8_exact<C>(codes[u], p[u], codes_at + u * code_step, params_at + u * param_step,
+                             scales, head, x)) {
           if constexpr (std::is_same_v<passthrough_element<C>, T>) {
             *reinterpret_cast<uint4*>(o) = codes[u]; // decode then encode: the same bits
           } else {
             store8_non_nan(o, x);
           }
-        } else { // NaN codes or parameters: the codec's scalar code, which canonicalizes NaN
-          std::uint32_t q[8];
-          load_codes<C>(codes_at + u * code_step, q);
-          typename C::params cp{};
-          if constexpr (C::scaling == kv_scaling::static_per_head) {
-            cp = C::with_scale(scales[head]);
-          } else if constexpr (C::param_bytes > 0) {
-            cp = C::load(params_at + u * param_step);
-          }
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            x[i] = C::decode(q[i], cp);
-          }
+        } else { // NaN codes or parameters: the codec's scalar code canonicalized NaN
           store8(o, x);
         }
       }
