@@ -16,9 +16,10 @@
 //
 // The loop plays the engine: it runs the scheduler's plans and "samples" the trace's output
 // tokens; each step the model engine (sim_attention.hpp) executes the swaps and copy-on-write
-// copies, writes every computed token's K/V into its slot and runs decode attention over the page
-// table: on a GPU with kvkit's kernels over a model-shaped layer, else with the CPU reference at a
-// reduced size. Decode outputs are checked against a dense recomputation from the tokens.
+// copies, writes every computed token's K/V into its slot and runs decode attention and prefill
+// attention (each prompt chunk's tokens over their sequence's pages) over the page tables: on a GPU
+// with kvkit's kernels over a model-shaped layer, else with the CPU reference at a reduced size.
+// Decode and prefill outputs are checked against a dense recomputation from the tokens.
 
 #include <algorithm>
 #include <array>
@@ -237,9 +238,11 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
   std::vector<std::vector<token_id>> history(trace.size());
   std::vector<std::int64_t> slots;
   std::vector<std::int32_t> query_lens, positions, d_indptr, d_indices, d_last, q_positions;
-  std::vector<token_id> tokens, q_tokens;
-  std::vector<kvkit::seq_id> decoding;
-  std::vector<const std::vector<token_id>*> histories;
+  std::vector<token_id> tokens, q_tokens, p_tokens;
+  std::vector<std::int32_t> p_positions;
+  std::vector<kvkit::seq_id> decoding, prefilling;
+  std::vector<const std::vector<token_id>*> histories, p_histories;
+  std::vector<std::int32_t> p_indptr, p_indices, p_last, p_qo;
   std::size_t next_arrival = 0;
   std::size_t finished = 0;
   std::size_t next_report = trace.size() / 10;
@@ -285,6 +288,9 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
     q_tokens.clear();
     q_positions.clear();
     histories.clear();
+    prefilling.clear();
+    p_histories.clear();
+    p_qo.assign(1, 0);
     for (const auto& b : plan.batch) {
       const auto& h = history[static_cast<std::size_t>(b.id)];
       query_lens.push_back(b.num_tokens);
@@ -297,19 +303,46 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
         q_tokens.push_back(h[static_cast<std::size_t>(b.first_position)]);
         q_positions.push_back(b.first_position);
         histories.push_back(&h);
+      } else if (b.num_tokens > 0) {
+        // A prompt chunk: its tokens are the prefill's queries, the last tokens of its table.
+        if (*table.num_tokens(b.id) != b.first_position + b.num_tokens) {
+          std::fprintf(stderr, "a prompt chunk that does not end the sequence's table\n");
+          std::exit(1);
+        }
+        prefilling.push_back(b.id);
+        p_qo.push_back(p_qo.back() + b.num_tokens);
+        p_histories.push_back(&h);
       }
     }
     slots.resize(tokens.size());
     d_indptr.resize(decoding.size() + 1);
     d_last.resize(decoding.size());
     d_indices.resize(static_cast<std::size_t>(*table.csr_size(decoding)));
+    p_indptr.resize(prefilling.size() + 1);
+    p_last.resize(prefilling.size());
+    p_indices.resize(static_cast<std::size_t>(*table.csr_size(prefilling)));
     if (!table.export_slot_mapping(batch, query_lens, slots).ok() ||
-        !table.export_csr(decoding, d_indptr, d_indices, d_last).ok()) {
+        !table.export_csr(decoding, d_indptr, d_indices, d_last).ok() ||
+        !table.export_csr(prefilling, p_indptr, p_indices, p_last).ok()) {
       std::fprintf(stderr, "slot mapping or page-table export failed\n");
       std::exit(1);
     }
+    // The prefill's queries: each chunk's tokens, gathered from the computed tokens in batch order.
+    p_tokens.clear();
+    p_positions.clear();
+    std::size_t at = 0;
+    for (const auto& b : plan.batch) {
+      if (!b.decode && b.num_tokens > 0) {
+        p_tokens.insert(p_tokens.end(), tokens.begin() + static_cast<std::ptrdiff_t>(at),
+                        tokens.begin() + static_cast<std::ptrdiff_t>(at) + b.num_tokens);
+        p_positions.insert(p_positions.end(), positions.begin() + static_cast<std::ptrdiff_t>(at),
+                           positions.begin() + static_cast<std::ptrdiff_t>(at) + b.num_tokens);
+      }
+      at += static_cast<std::size_t>(b.num_tokens);
+    }
     engine->step({plan.swap_out, plan.swap_in, plan.copies, slots, tokens, positions, d_indptr,
-                  d_indices, d_last, q_tokens, q_positions, histories});
+                  d_indices, d_last, q_tokens, q_positions, histories, p_indptr, p_indices, p_last,
+                  p_qo, p_tokens, p_positions, p_histories});
     indptr.resize(batch.size() + 1);
     last.resize(batch.size());
     indices.resize(static_cast<std::size_t>(*table.csr_size(batch)));
@@ -581,11 +614,12 @@ int main(int argc, char** argv) {
   }
   const sim::engine_stats& e = paged.engine;
   std::printf("\nmodel engine: %s\n", e.name.c_str());
-  std::printf("  K/V written for %lld tokens, decode attention for %lld; %lld decode outputs "
-              "checked against a dense float64 recomputation from the tokens: max relative error "
-              "%.2e\n",
+  std::printf("  K/V written for %lld tokens, decode attention for %lld, prefill attention for "
+              "%lld queries; %lld decode and %lld prefill outputs checked against a dense float64 "
+              "recomputation from the tokens: max relative error %.2e\n",
               static_cast<long long>(e.written_tokens), static_cast<long long>(e.decode_tokens),
-              static_cast<long long>(e.checked), e.max_rel_error);
+              static_cast<long long>(e.prefill_tokens), static_cast<long long>(e.checked),
+              static_cast<long long>(e.prefill_checked), e.max_rel_error);
   if (o.preempt == "swap") {
     std::printf("  %lld of the checked outputs were of a sequence with a page swapped in that "
                 "step\n",
@@ -593,10 +627,11 @@ int main(int argc, char** argv) {
   }
   if (e.kernel_seconds > 0) {
     std::printf(
-        "  device time: %.1f ms in all (swaps, copies, K/V writes, decode); decode %.1f ms, "
-        "%.2f TB/s of K/V read\n",
+        "  device time: %.1f ms in all (swaps, copies, K/V writes, decode, prefill); decode %.1f "
+        "ms, %.2f TB/s of K/V read; prefill %.1f ms, %.1f TFLOP/s\n",
         e.kernel_seconds * 1e3, e.decode_seconds * 1e3,
-        e.decode_bytes / std::max(e.decode_seconds, 1e-12) / 1e12);
+        e.decode_bytes / std::max(e.decode_seconds, 1e-12) / 1e12, e.prefill_seconds * 1e3,
+        e.prefill_flops / std::max(e.prefill_seconds, 1e-12) / 1e12);
   }
   if (!paged.drained || !base.drained) {
     std::fprintf(stderr, "error: KV memory not fully returned at the end\n");
@@ -616,8 +651,10 @@ int main(int argc, char** argv) {
                  static_cast<long long>(paged.swapped_out + paged.swapped_in));
     return 1;
   }
-  if (!(e.max_rel_error < 2e-2) || (e.decode_tokens > 0 && e.checked == 0)) {
-    std::fprintf(stderr, "error: decode attention disagrees with the dense recomputation\n");
+  if (!(e.max_rel_error < 2e-2) || (e.decode_tokens > 0 && e.checked == 0) ||
+      (e.prefill_tokens > 0 && e.prefill_checked == 0)) {
+    std::fprintf(stderr, "error: attention disagrees with the dense recomputation (or none of "
+                         "its outputs was checked)\n");
     return 1;
   }
   return 0;

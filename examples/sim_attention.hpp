@@ -6,13 +6,14 @@
 // would write. Each step the engine executes the plan's swaps (out to a host tier, then back in)
 // and copy-on-write copies, writes the K/V of every computed token into its slot (the slot mapping
 // from block_table), and runs decode attention for the sequences that decode (the CSR page table
-// from block_table). Prefill attention is not computed (the simulation checks decode outputs);
-// prefill tokens are written.
+// from block_table), and prefill attention for the sequences whose prompt chunk is computed this
+// step (their chunk's tokens as queries over their whole paged cache: paged_prefill on the GPU).
 //
-// Two engines: the GPU one (sim_attention_gpu.cu: swap_blocks_copy_engines, copy_blocks, write_kv
-// and paged_decode over a model-shaped bf16 cache of one layer and a pinned host tier), and a CPU
-// one (kvkit::reference::paged_decode over a reduced head count and width, a few decode sequences a
-// step). Both check decode outputs against a dense float64 attention recomputed from the sequences'
+// Two engines: the GPU one (sim_attention_gpu.cu: swap_blocks_copy_engines, copy_blocks, write_kv,
+// paged_decode and paged_prefill over a model-shaped bf16 cache of one layer and a pinned host
+// tier), and a CPU one (kvkit::reference::paged_decode and paged_attention over a reduced head
+// count and width, a few decode sequences and the last queries of one prefill chunk a step). Both
+// check decode and prefill outputs against a dense float64 attention recomputed from the sequences'
 // tokens, so a wrong slot, a stale shared block, a missed copy or a swap that lost a page shows as
 // an error.
 
@@ -45,6 +46,12 @@ struct step_work {
   std::span<const std::int32_t> query_positions;
   // The full token history of each decode sequence (for the dense check), by batch index.
   std::span<const std::vector<kvkit::token_id>* const> histories;
+  // Prefill sequences: CSR page table (their tokens so far, this step's chunk included), their
+  // queries (the chunk's tokens, its last ones last) grouped by p_qo, and each one's history.
+  std::span<const std::int32_t> p_indptr, p_indices, p_last_page_len, p_qo;
+  std::span<const kvkit::token_id> p_query_tokens;
+  std::span<const std::int32_t> p_query_positions;
+  std::span<const std::vector<kvkit::token_id>* const> p_histories;
 };
 
 struct engine_stats {
@@ -53,12 +60,16 @@ struct engine_stats {
   std::int64_t decode_tokens = 0; // decode attention computed
   std::int64_t checked = 0;       // decode outputs checked against the dense recomputation
   std::int64_t swap_checked = 0; // of those, outputs of a sequence with a page swapped in that step
-  double max_rel_error = 0.0;    // worst relative error of a checked output
-  std::int64_t swapped_pages = 0; // pages swapped out or in
-  double kernel_seconds = 0.0;    // device time of swaps + copies + writes + decode (GPU engine)
-  double decode_bytes = 0.0;      // K/V bytes the decode kernels read
-  double decode_seconds = 0.0;    // device time of the decode kernels alone
-  std::string failure;            // why the engine stopped (empty: it did not)
+  std::int64_t prefill_tokens = 0;  // queries of prefill attention computed
+  std::int64_t prefill_checked = 0; // prefill outputs checked against the dense recomputation
+  double max_rel_error = 0.0;       // worst relative error of a checked output
+  std::int64_t swapped_pages = 0;   // pages swapped out or in
+  double kernel_seconds = 0.0;      // device time of swaps + copies + writes + decode (GPU engine)
+  double decode_bytes = 0.0;        // K/V bytes the decode kernels read
+  double decode_seconds = 0.0;      // device time of the decode kernels alone
+  double prefill_seconds = 0.0;     // device time of the prefill kernels alone
+  double prefill_flops = 0.0;       // their causal attention's useful work
+  std::string failure;              // why the engine stopped (empty: it did not)
 
   // Stops the engine's checks with `why` (the first reason is kept).
   void fail(const std::string& why) {
@@ -192,7 +203,8 @@ inline std::int32_t swapped_in_sequence(const step_work& w) {
 
 // The CPU engine: a bf16 paged cache of `capacity` pages in host memory and a swap tier of
 // `host_capacity` pages, K/V written element by element, kvkit::reference::paged_decode for up to
-// `per_step` decode sequences a step (in turn).
+// `per_step` decode sequences a step (in turn) and kvkit::reference::paged_attention for the last
+// queries of one prefill sequence a step (in turn).
 class cpu_engine final : public engine {
 public:
   cpu_engine(std::int32_t capacity, std::int32_t host_capacity, std::int32_t block_size,
@@ -203,10 +215,10 @@ public:
     host_.assign(static_cast<std::size_t>(host_capacity) * page, std::byte{0});
     capacity_ = capacity;
     host_capacity_ = host_capacity;
-    stats_.name = "CPU reference (kvkit::reference::paged_decode), " + std::to_string(m.kv_heads) +
-                  " KV heads x " + std::to_string(m.head_dim) + ", group " +
-                  std::to_string(m.group) + ", " + std::to_string(per_step) +
-                  " decode sequences a step";
+    stats_.name = "CPU reference (kvkit::reference::paged_decode, paged_attention), " +
+                  std::to_string(m.kv_heads) + " KV heads x " + std::to_string(m.head_dim) +
+                  ", group " + std::to_string(m.group) + ", " + std::to_string(per_step) +
+                  " decode sequences and one prefill chunk's last queries a step";
   }
 
   void step(const step_work& w) override {
@@ -286,14 +298,8 @@ public:
                                     w.last_page_len.data() + b, 1, bs};
       std::vector<float> q(static_cast<std::size_t>(qh * m_.head_dim));
       std::vector<float> out(q.size());
-      const auto tok = static_cast<std::uint32_t>(w.query_tokens[static_cast<std::size_t>(b)]);
       const std::int32_t pos = w.query_positions[static_cast<std::size_t>(b)];
-      for (std::int32_t h = 0; h < qh; ++h) {
-        for (std::int32_t c = 0; c < m_.head_dim; ++c) {
-          q[static_cast<std::size_t>(h * m_.head_dim + c)] =
-              kvkit::bf16_bits_to_float(kvkit::float_to_bf16_bits(synth(tok, pos, synth_q, h, c)));
-        }
-      }
+      query(w.query_tokens[static_cast<std::size_t>(b)], pos, q.data());
       if (!kvkit::reference::paged_decode(layout_, cache_.data(), capacity_, t, q.data(), qh,
                                           out.data())
                .ok()) {
@@ -308,10 +314,52 @@ public:
       stats_.max_rel_error = std::max(stats_.max_rel_error, err);
     }
     next_ += static_cast<std::uint64_t>(std::min(n, per_step_));
+    // Prefill attention for the last queries (up to four) of one prefill sequence a step, in turn,
+    // each checked against the dense version.
+    const auto np = static_cast<std::uint64_t>(w.p_histories.size());
+    if (np > 0) {
+      const auto b = static_cast<std::size_t>(next_prefill_++ % np);
+      const std::int32_t k = std::min(w.p_qo[b + 1] - w.p_qo[b], 4);
+      const std::int32_t one_ptr[2] = {0, w.p_indptr[b + 1] - w.p_indptr[b]};
+      const kvkit::csr_page_table t{one_ptr, w.p_indices.data() + w.p_indptr[b],
+                                    w.p_last_page_len.data() + b, 1, bs};
+      const std::int32_t qo[2] = {0, k};
+      const auto row_elems = static_cast<std::size_t>(qh * m_.head_dim);
+      std::vector<float> q(static_cast<std::size_t>(k) * row_elems);
+      std::vector<float> out(q.size());
+      const auto first = static_cast<std::size_t>(w.p_qo[b + 1] - k);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(k); ++i) {
+        query(w.p_query_tokens[first + i], w.p_query_positions[first + i],
+              q.data() + i * row_elems);
+      }
+      if (!kvkit::reference::paged_attention(layout_, cache_.data(), capacity_, t, qo, q.data(), qh,
+                                             out.data())
+               .ok()) {
+        stats_.fail("the reference paged_attention rejected its arguments");
+        return;
+      }
+      stats_.prefill_tokens += k;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(k); ++i) {
+        const double err = dense_check(m_, *w.p_histories[b], w.p_query_positions[first + i] + 1,
+                                       out.data() + i * row_elems);
+        ++stats_.prefill_checked;
+        stats_.max_rel_error = std::max(stats_.max_rel_error, err);
+      }
+    }
   }
   [[nodiscard]] const engine_stats& stats() const override { return stats_; }
 
 private:
+  // The query heads of token `tok` at `pos`, rounded to bf16: [q_heads][head_dim] at `q`.
+  void query(kvkit::token_id tok, std::int32_t pos, float* q) const {
+    for (std::int32_t h = 0; h < m_.kv_heads * m_.group; ++h) {
+      for (std::int32_t c = 0; c < m_.head_dim; ++c) {
+        q[h * m_.head_dim + c] = kvkit::bf16_bits_to_float(
+            kvkit::float_to_bf16_bits(synth(static_cast<std::uint32_t>(tok), pos, synth_q, h, c)));
+      }
+    }
+  }
+
   static void put(std::byte* region, std::int64_t index, float x) {
     const std::uint16_t bits = kvkit::float_to_bf16_bits(x);
     std::memcpy(region + index * 2, &bits, 2);
@@ -325,6 +373,7 @@ private:
   std::vector<std::byte> cache_;
   std::vector<std::byte> host_; // the swap tier
   std::uint64_t next_ = 0;
+  std::uint64_t next_prefill_ = 0;
   engine_stats stats_;
 };
 

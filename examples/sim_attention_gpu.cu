@@ -1,12 +1,13 @@
 // The serving simulation's GPU engine: one model-shaped layer (bf16 K/V in pages) and a pinned
 // host tier, driven by the scheduler's plans through swap_blocks_copy_engines, copy_blocks,
-// write_kv and paged_decode.
+// write_kv, paged_decode and paged_prefill.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <kvkit/cuda/copy_blocks.cuh>
 #include <kvkit/cuda/paged_decode.cuh>
+#include <kvkit/cuda/paged_prefill.cuh>
 #include <kvkit/cuda/write_kv.cuh>
 
 #include "sim_attention.hpp"
@@ -78,6 +79,8 @@ public:
     check(cudaEventCreate(&stop_));
     check(cudaEventCreate(&decode_start_));
     check(cudaEventCreate(&decode_stop_));
+    check(cudaEventCreate(&prefill_start_));
+    check(cudaEventCreate(&prefill_stop_));
     check(cache_.reserve(static_cast<std::size_t>(capacity) *
                          static_cast<std::size_t>(layout_.bytes_per_page())));
     check(cudaMemsetAsync(cache_.ptr, 0, cache_.size, stream_));
@@ -110,6 +113,8 @@ public:
     cudaEventDestroy(stop_);
     cudaEventDestroy(decode_start_);
     cudaEventDestroy(decode_stop_);
+    cudaEventDestroy(prefill_start_);
+    cudaEventDestroy(prefill_stop_);
   }
 
   void step(const step_work& w) override {
@@ -200,6 +205,51 @@ public:
       stats_.decode_bytes += bytes;
       decoded = true;
     }
+    // Prefill attention: every prefill sequence's chunk attends over its whole paged cache.
+    const auto p_batch = static_cast<std::int32_t>(w.p_histories.size());
+    const std::int32_t p_rows = p_batch > 0 ? w.p_qo[static_cast<std::size_t>(p_batch)] : 0;
+    bool prefilled = false;
+    if (p_rows > 0) {
+      std::int32_t most = 0;
+      double pairs = 0.0; // (query, key seen) pairs
+      for (std::size_t b = 0; b < static_cast<std::size_t>(p_batch); ++b) {
+        const std::int32_t nq = w.p_qo[b + 1] - w.p_qo[b];
+        const std::int32_t len =
+            (w.p_indptr[b + 1] - w.p_indptr[b] - 1) * layout_.page_size() + w.p_last_page_len[b];
+        most = std::max(most, nq);
+        pairs += static_cast<double>(nq) * (len - nq + (nq + 1) / 2.0);
+      }
+      check(p_indptr_.upload(w.p_indptr, stream_));
+      check(p_indices_.upload(w.p_indices, stream_));
+      check(p_last_.upload(w.p_last_page_len, stream_));
+      check(p_qo_.upload(w.p_qo, stream_));
+      check(p_tokens_.upload(w.p_query_tokens, stream_));
+      check(p_positions_.upload(w.p_query_positions, stream_));
+      const auto q_elems = static_cast<std::size_t>(p_rows) * qh * m_.head_dim;
+      check(p_q_.reserve(q_elems));
+      check(p_out_.reserve(q_elems));
+      synth_rows<<<264, 256, 0, stream_>>>(p_tokens_.ptr, p_positions_.ptr, p_rows, synth_q, qh,
+                                           m_.head_dim, p_q_.ptr);
+      check(cudaGetLastError());
+      kvkit::cuda::prefill_args<layout_t, __nv_bfloat16> a;
+      a.layout = layout_;
+      a.cache = cache_.ptr;
+      a.capacity = capacity_;
+      a.table = kvkit::csr_page_table{p_indptr_.ptr, p_indices_.ptr, p_last_.ptr, p_batch,
+                                      layout_.page_size()};
+      a.qo_indptr = p_qo_.ptr;
+      a.max_queries = most;
+      a.num_q_heads = qh;
+      a.q = p_q_.ptr;
+      a.out = p_out_.ptr;
+      a.page_check = page_check_.ptr;
+      check(cudaEventRecord(prefill_start_, stream_));
+      check(kvkit::cuda::paged_prefill(a, stream_));
+      check(cudaEventRecord(prefill_stop_, stream_));
+      stats_.prefill_tokens += p_rows;
+      stats_.prefill_flops += 4.0 * m_.head_dim * qh * pairs;
+      prefilled = true;
+    }
     check(cudaEventRecord(stop_, stream_));
     check(cudaEventSynchronize(stop_));
     if (page_check_.ptr != nullptr) {
@@ -233,6 +283,31 @@ public:
         ++stats_.checked;
         stats_.swap_checked += swapped >= 0 ? 1 : 0;
         stats_.max_rel_error = std::max(stats_.max_rel_error, err);
+      }
+    }
+    if (prefilled) {
+      check(cudaEventElapsedTime(&ms, prefill_start_, prefill_stop_));
+      stats_.prefill_seconds += ms * 1e-3;
+      // Every 4th prefill step, one sequence's first and last queries (the fewest and the most
+      // keys seen) against the dense recomputation.
+      if (prefill_steps_++ % 4 == 0) {
+        const auto b =
+            static_cast<std::size_t>(prefill_steps_ / 4) % static_cast<std::size_t>(p_batch);
+        const auto row_elems = static_cast<std::size_t>(qh * m_.head_dim);
+        for (const std::int32_t row : {w.p_qo[b], w.p_qo[b + 1] - 1}) {
+          std::vector<__nv_bfloat16> o(row_elems);
+          check(cudaMemcpy(o.data(), p_out_.ptr + static_cast<std::size_t>(row) * row_elems,
+                           row_elems * 2, cudaMemcpyDeviceToHost));
+          std::vector<float> of(o.size());
+          for (std::size_t i = 0; i < o.size(); ++i) {
+            of[i] = __bfloat162float(o[i]);
+          }
+          const double err =
+              dense_check(m_, *w.p_histories[b],
+                          w.p_query_positions[static_cast<std::size_t>(row)] + 1, of.data());
+          ++stats_.prefill_checked;
+          stats_.max_rel_error = std::max(stats_.max_rel_error, err);
+        }
       }
     }
   }
@@ -276,6 +351,7 @@ private:
   std::int32_t sm_count_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr, decode_start_ = nullptr, decode_stop_ = nullptr;
+  cudaEvent_t prefill_start_ = nullptr, prefill_stop_ = nullptr;
   device_vec<std::byte> cache_, workspace_;
   device_vec<std::byte*> layers_;
   device_vec<kvkit::block_copy> pairs_;
@@ -283,10 +359,15 @@ private:
   device_vec<kvkit::token_id> tokens_, q_tokens_;
   device_vec<std::int32_t> positions_, q_positions_, indptr_, indices_, last_;
   device_vec<__nv_bfloat16> k_, v_, q_, out_;
+  // The prefill's page table, query groups, query tokens and positions, queries and outputs.
+  device_vec<std::int32_t> p_indptr_, p_indices_, p_last_, p_qo_, p_positions_;
+  device_vec<kvkit::token_id> p_tokens_;
+  device_vec<__nv_bfloat16> p_q_, p_out_;
   device_vec<std::int32_t> page_check_; // the debug mode's flag (null: off)
   device_vec<std::uint32_t> counters_;  // the decode's arrival counters, kept at zero
   std::vector<std::int32_t> lens_;
   std::uint64_t steps_ = 0;
+  std::uint64_t prefill_steps_ = 0;
   engine_stats stats_;
 };
 
