@@ -16,8 +16,8 @@ namespace kvkit_test {
 struct prefill_mode {
   bool check_pages = false; // the debug mode (prefill_args::page_check)
   bool lse = true;          // prefill_args::lse set (else null; the LSE buffer stays poisoned)
-  // prefill_args::max_queries: the most queries of a sequence plus this (negative: fewer, which
-  // the kernel must refuse for the sequences it does not cover).
+  // prefill_args::max_queries: the most queries of a sequence plus this (negative: fewer, and the
+  // kernel must skip the sequences that have more).
   std::int32_t extra_max_queries = 0;
   bool graph = false; // captured in a CUDA graph and replayed twice (the outputs poisoned between)
 };

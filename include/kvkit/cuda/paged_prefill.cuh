@@ -165,8 +165,7 @@ __global__ void __launch_bounds__(prefill_threads)
   const std::int32_t pages = a.table.indptr[b + 1] - first_page;
   const std::int32_t ps = l.page_size();
   const std::int32_t len = pages <= 0 ? 0 : (pages - 1) * ps + a.table.last_page_len[b];
-  const std::int64_t rows64 = static_cast<std::int64_t>(nq) * group;
-  if (nq > len || rows64 > static_cast<std::int64_t>(gridDim.x) * BM) {
+  if (nq > len || nq > a.max_queries) { // the grid covers max_queries * group rows
     if constexpr (Checked) {
       if (threadIdx.x == 0 && blockIdx.y == 0) {
         atomicExch(a.page_check, 1);
@@ -174,7 +173,7 @@ __global__ void __launch_bounds__(prefill_threads)
     }
     return;
   }
-  const auto rows = static_cast<std::int32_t>(rows64);
+  const std::int32_t rows = nq * group; // validate bounds max_queries * group
   // The last tiles of a sequence see the most keys: they go first.
   const auto r0 = static_cast<std::int32_t>(gridDim.x - 1 - blockIdx.x) * BM;
   if (r0 >= rows) {
