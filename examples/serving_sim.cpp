@@ -290,6 +290,8 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
     histories.clear();
     prefilling.clear();
     p_histories.clear();
+    p_tokens.clear();
+    p_positions.clear();
     p_qo.assign(1, 0);
     for (const auto& b : plan.batch) {
       const auto& h = history[static_cast<std::size_t>(b.id)];
@@ -304,13 +306,16 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
         q_positions.push_back(b.first_position);
         histories.push_back(&h);
       } else if (b.num_tokens > 0) {
-        // A prompt chunk: its tokens are the prefill's queries, the last tokens of its table.
+        // A prompt chunk: its tokens (just added to the computed ones) are the prefill's queries,
+        // the last tokens of its table.
         if (*table.num_tokens(b.id) != b.first_position + b.num_tokens) {
           std::fprintf(stderr, "a prompt chunk that does not end the sequence's table\n");
           std::exit(1);
         }
         prefilling.push_back(b.id);
         p_qo.push_back(p_qo.back() + b.num_tokens);
+        p_tokens.insert(p_tokens.end(), tokens.end() - b.num_tokens, tokens.end());
+        p_positions.insert(p_positions.end(), positions.end() - b.num_tokens, positions.end());
         p_histories.push_back(&h);
       }
     }
@@ -326,19 +331,6 @@ stats simulate_kvkit(const options& o, const std::vector<request>& trace, std::F
         !table.export_csr(prefilling, p_indptr, p_indices, p_last).ok()) {
       std::fprintf(stderr, "slot mapping or page-table export failed\n");
       std::exit(1);
-    }
-    // The prefill's queries: each chunk's tokens, gathered from the computed tokens in batch order.
-    p_tokens.clear();
-    p_positions.clear();
-    std::size_t at = 0;
-    for (const auto& b : plan.batch) {
-      if (!b.decode && b.num_tokens > 0) {
-        p_tokens.insert(p_tokens.end(), tokens.begin() + static_cast<std::ptrdiff_t>(at),
-                        tokens.begin() + static_cast<std::ptrdiff_t>(at) + b.num_tokens);
-        p_positions.insert(p_positions.end(), positions.begin() + static_cast<std::ptrdiff_t>(at),
-                           positions.begin() + static_cast<std::ptrdiff_t>(at) + b.num_tokens);
-      }
-      at += static_cast<std::size_t>(b.num_tokens);
     }
     engine->step({plan.swap_out, plan.swap_in, plan.copies, slots, tokens, positions, d_indptr,
                   d_indices, d_last, q_tokens, q_positions, histories, p_indptr, p_indices, p_last,

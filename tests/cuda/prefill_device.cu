@@ -199,40 +199,27 @@ std::vector<std::string> prefill_validation_failures() {
     a.cache = nullptr;
     a.q = nullptr;
   });
-  {
-    using fp8_t = kvkit::paged_layout<kvkit::fp8_e4m3_codec>;
-    kvkit::cuda::prefill_args<fp8_t, __nv_bfloat16> a;
-    a.layout = fp8_t(16, 2, 128);
-    a.cache = fake;
-    a.capacity = 10;
-    a.table = kvkit::csr_page_table{p, p, p, 3, 16};
-    a.qo_indptr = p;
+  // Layouts the launcher refuses whatever the arguments: fp8 without its scales, and a
+  // per-page-channel codec.
+  const auto refused = [&](const char* name, auto layout) {
+    kvkit::cuda::prefill_args<decltype(layout), __nv_bfloat16> a;
+    a.layout = layout;
+    a.cache = good.cache;
+    a.capacity = good.capacity;
+    a.table = good.table;
+    a.qo_indptr = good.qo_indptr;
     a.max_queries = 4;
     a.num_q_heads = 2;
-    a.q = t;
-    a.out = t;
+    a.q = good.q;
+    a.out = good.out;
     if (!launchers_agree(kvkit::cuda::validate(a).ok(), false, true,
                          [&] { return kvkit::cuda::paged_prefill(a, nullptr); })) {
-      failed.emplace_back("fp8 without scales");
+      failed.emplace_back(name);
     }
-  }
-  {
-    using channel_t = kvkit::paged_layout<kvkit::bf16_codec, kvkit::int4_channel_codec>;
-    kvkit::cuda::prefill_args<channel_t, __nv_bfloat16> a;
-    a.layout = channel_t(16, 2, 128);
-    a.cache = fake;
-    a.capacity = 10;
-    a.table = kvkit::csr_page_table{p, p, p, 3, 16};
-    a.qo_indptr = p;
-    a.max_queries = 4;
-    a.num_q_heads = 2;
-    a.q = t;
-    a.out = t;
-    if (!launchers_agree(kvkit::cuda::validate(a).ok(), false, true,
-                         [&] { return kvkit::cuda::paged_prefill(a, nullptr); })) {
-      failed.emplace_back("per-page-channel V");
-    }
-  }
+  };
+  refused("fp8 without scales", kvkit::paged_layout<kvkit::fp8_e4m3_codec>(16, 2, 128));
+  refused("per-page-channel V",
+          kvkit::paged_layout<kvkit::bf16_codec, kvkit::int4_channel_codec>(16, 2, 128));
   return failed;
 }
 

@@ -111,8 +111,8 @@ struct decode_args {
 
 namespace detail {
 
-// Whether the decode kernels read codec C's pages: no per-page-channel codec (that C is one of
-// the library's, validate checks through device_layout).
+// Whether the decode and prefill kernels read codec C's pages: no per-page-channel codec (that C
+// is one of the library's, validate checks through device_layout).
 template <class C>
 inline constexpr bool decode_codec = C::scaling != kv_scaling::per_page_channel;
 

@@ -91,9 +91,6 @@ template <int D>
 inline constexpr std::size_t prefill_smem_bytes =
     static_cast<std::size_t>(prefill_rows + 2 * prefill_keys<D>) * prefill_stride<D> * 2;
 
-template <class C>
-inline constexpr bool prefill_codec = C::scaling != kv_scaling::per_page_channel;
-
 // Eight 16-bit values of type From as eight of type To (through float; the same bits when the
 // types agree).
 template <class From, class To>
@@ -379,8 +376,8 @@ template <page_layout Layout, query_element T>
   using K = typename Layout::k_codec;
   using V = typename Layout::v_codec;
   const Layout& l = a.layout;
-  if (!detail::device_layout<Layout> || !l.validate().ok() || !detail::prefill_codec<K> ||
-      !detail::prefill_codec<V> ||
+  if (!detail::device_layout<Layout> || !l.validate().ok() || !detail::decode_codec<K> ||
+      !detail::decode_codec<V> ||
       (l.head_dim() != 64 && l.head_dim() != 128 && l.head_dim() != 256) ||
       a.table.page_size != l.page_size() || a.table.batch_size < 0 ||
       a.table.batch_size > detail::max_grid_rows || l.num_kv_heads() > detail::max_grid_rows ||
